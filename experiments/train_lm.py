@@ -1,0 +1,313 @@
+"""Train a Llama-style model on real text with FORGE's fused AdamW.
+
+Every attention and MLP projection (q, k, v, o, gate, up, down) is a
+``forge_jax.ForgeDense`` whose AdamW update runs inside its own backward pass;
+embeddings, norms and the head go through ``optax.adamw``. With
+``--optimizer optax-adamw`` the same model (flax Dense, same init) trains
+unfused as the baseline.
+
+    python -m experiments.train_lm                      # CPU default, ~2 min
+    python -m experiments.train_lm --preset 60m --steps 200   # GPU
+    python -m experiments.train_lm --resume             # continue from --out
+
+Writes ``metrics.json`` (per-step loss, val_loss, tokens_per_s, peak_bytes,
+config), ``loss.png`` and orbax checkpoints under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm import tqdm
+
+import forge_jax as fj
+from forge_jax import data as data_lib
+from forge_jax.models import llama
+
+OPTIMIZERS = ("forge-adamw", "optax-adamw")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """One training run. ``preset`` fills the fields left as None."""
+
+  preset: str = "cpu-tiny"
+  optimizer: str = "forge-adamw"
+  steps: int | None = None
+  batch_size: int | None = None
+  seq_len: int | None = None
+  tokenizer: str | None = None
+  dtype: str | None = None  # compute dtype; params and moments are fp32
+  learning_rate: float | None = None
+  warmup_steps: int | None = None
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.1
+  eval_every: int | None = None
+  eval_batches: int | None = None
+  checkpoint_every: int | None = None
+  text_files: tuple[str, ...] = ()
+  corpus: str = "tiny_shakespeare"
+  val_fraction: float = 0.1
+  seed: int = 0
+  implementation: str | None = None  # ForgeDense kernel: xla | triton | None
+  out: str = "runs/train_lm"
+  resume: bool = False
+  stop_at: int | None = None  # stop (with a checkpoint) before `steps`
+  cache_dir: str | None = None
+
+
+# Run presets: the model preset plus what the training loop needs.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu-tiny": dict(model="cpu-tiny", steps=300, batch_size=16, seq_len=128,
+                     tokenizer="byte", dtype="float32", learning_rate=3e-3,
+                     warmup_steps=30, eval_every=50, eval_batches=8,
+                     checkpoint_every=100),
+    "60m": dict(model="60m", steps=1000, batch_size=32, seq_len=512,
+                tokenizer="gpt2", dtype="bfloat16", learning_rate=1.5e-3,
+                warmup_steps=100, eval_every=50, eval_batches=16,
+                checkpoint_every=500),
+    "130m": dict(model="130m", steps=2000, batch_size=32, seq_len=1024,
+                 tokenizer="gpt2", dtype="bfloat16", learning_rate=1e-3,
+                 warmup_steps=200, eval_every=100, eval_batches=16,
+                 checkpoint_every=500),
+}
+
+
+def resolve(cfg: TrainConfig) -> TrainConfig:
+  """Fills unset fields from the preset and validates the combination."""
+  if cfg.preset not in PRESETS:
+    raise ValueError(f"preset={cfg.preset!r} must be one of {sorted(PRESETS)}")
+  if cfg.optimizer not in OPTIMIZERS:
+    raise ValueError(f"optimizer={cfg.optimizer!r} must be one of {OPTIMIZERS}")
+  preset = PRESETS[cfg.preset]
+  filled = {k: preset[k] for k in preset
+            if k != "model" and getattr(cfg, k) is None}
+  cfg = dataclasses.replace(cfg, **filled)
+  for name in ("steps", "batch_size", "seq_len", "warmup_steps", "eval_every",
+               "eval_batches", "checkpoint_every"):
+    if getattr(cfg, name) < (0 if name == "warmup_steps" else 1):
+      raise ValueError(f"{name}={getattr(cfg, name)} must be positive")
+  if cfg.dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"dtype={cfg.dtype!r} must be 'float32' or 'bfloat16'")
+  return cfg
+
+
+def model_config(cfg: TrainConfig, vocab_size: int) -> llama.LlamaConfig:
+  return llama.get_config(PRESETS[cfg.preset]["model"], vocab_size=vocab_size,
+                          max_seq_len=cfg.seq_len, dtype=jnp.dtype(cfg.dtype))
+
+
+def schedule(cfg: TrainConfig) -> optax.Schedule:
+  return optax.warmup_cosine_decay_schedule(
+      0.0, cfg.learning_rate, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1),
+      end_value=0.1 * cfg.learning_rate)
+
+
+def build(cfg: TrainConfig, vocab_size: int):
+  """Model, TrainState and jitted step for ``cfg`` (the step donates state)."""
+  mcfg = model_config(cfg, vocab_size)
+  lr = schedule(cfg)
+  hp = dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+  if cfg.optimizer == "forge-adamw":
+    dense_cls = functools.partial(
+        fj.ForgeDense, optimizer=fj.adamw(lr, **hp),
+        implementation=cfg.implementation)
+  else:
+    dense_cls = nn.Dense
+  model = llama.Llama(mcfg, dense_cls=dense_cls)
+  tokens = jnp.zeros((1, cfg.seq_len), jnp.int32)
+  variables = jax.jit(model.init)(jax.random.key(cfg.seed), tokens)
+  # Unfused params (all of them for the baseline) use optax.adamw.
+  state = fj.TrainState.create(apply_fn=model.apply, variables=variables,
+                               tx=optax.adamw(lr, **hp))
+
+  def loss_fn(variables, batch):
+    logits = model.apply(variables, batch["inputs"])
+    return llama.cross_entropy_loss(logits, batch["targets"])
+
+  step = fj.make_train_step(loss_fn, implementation=cfg.implementation)
+
+  @jax.jit
+  def eval_loss(params, batch):
+    logits = model.apply({"params": params}, batch["inputs"])
+    return llama.cross_entropy_loss(logits, batch["targets"])
+
+  return model, mcfg, state, step, eval_loss
+
+
+def _peak_bytes() -> int | None:
+  stats = jax.devices()[0].memory_stats()
+  return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def _evaluate(eval_loss, params, data, cfg) -> float:
+  losses = [float(eval_loss(params, jax.tree.map(jnp.asarray, b)))
+            for b in data.val_batches(cfg.batch_size, cfg.seq_len, cfg.eval_batches)]
+  return float(np.mean(losses))
+
+
+def _plot(records: list[dict], path: str, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.plot([r["step"] for r in records], [r["loss"] for r in records],
+          lw=1, label="train loss")
+  val = [r for r in records if "val_loss" in r]
+  ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-",
+          label="val loss")
+  ax.set_xlabel("step")
+  ax.set_ylabel("cross-entropy (nats/token)")
+  ax.set_title(title)
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  tmp = path + ".tmp.png"
+  fig.savefig(tmp, dpi=120)
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)
+
+
+def main(cfg: TrainConfig) -> dict:
+  """Trains, evaluates, checkpoints; returns the metrics written to disk."""
+  cfg = resolve(cfg)
+  os.makedirs(cfg.out, exist_ok=True)
+  ckpt_dir = os.path.join(cfg.out, "checkpoints")
+  tokenizer = data_lib.load_tokenizer(cfg.tokenizer, cache_dir=cfg.cache_dir)
+  text = data_lib.load_corpus(cfg.corpus, text_files=list(cfg.text_files) or None,
+                              cache_dir=cfg.cache_dir)
+  data = data_lib.tokenize_corpus(text, tokenizer, val_fraction=cfg.val_fraction,
+                                  cache_dir=cfg.cache_dir)
+  model, mcfg, state, step_fn, eval_loss = build(cfg, tokenizer.vocab_size)
+  n_params = llama.num_params(mcfg)
+  fused_layers = len(fj.fused_kernel_paths(state.forge_state))
+  records: list[dict] = []
+  start = 0
+  metrics_path = os.path.join(cfg.out, "metrics.json")
+  if cfg.resume:
+    state, meta = fj.restore_checkpoint(ckpt_dir, state)
+    start = int(state.step)
+    if meta.get("config", {}).get("optimizer") not in (None, cfg.optimizer):
+      raise ValueError(f"--resume: checkpoint was trained with "
+                       f"{meta['config']['optimizer']}, not {cfg.optimizer}")
+    if os.path.exists(metrics_path):
+      with open(metrics_path) as f:
+        records = [r for r in json.load(f)["records"] if r["step"] <= start]
+  header = {
+      "config": dataclasses.asdict(cfg),
+      "model": {k: str(v) if k in ("dtype", "param_dtype") else v
+                for k, v in dataclasses.asdict(mcfg).items()},
+      "num_params": n_params,
+      "fused_layers": fused_layers,
+      "backend": jax.default_backend(),
+      "device": str(jax.devices()[0].device_kind),
+      "jax": jax.__version__,
+      "train_tokens": int(data.train.size),
+      "val_tokens": int(data.val.size),
+  }
+  tokens_per_step = cfg.batch_size * cfg.seq_len
+  print(f"{cfg.optimizer} | {cfg.preset}: {n_params / 1e6:.2f}M params, "
+        f"{tokenizer.name} tokens (train {data.train.size:,}, val "
+        f"{data.val.size:,}) | {jax.default_backend()} | steps {start}->{cfg.steps}",
+        file=sys.stderr)
+  end = cfg.steps if cfg.stop_at is None else min(cfg.stop_at, cfg.steps)
+  bar = tqdm(range(start, end), initial=start, total=cfg.steps,
+             desc=cfg.optimizer, dynamic_ncols=True)
+  last_val = float("nan")
+  for step in bar:
+    batch = jax.tree.map(jnp.asarray, data.train_batch(
+        step, cfg.batch_size, cfg.seq_len, cfg.seed))
+    t0 = time.perf_counter()
+    state, m = step_fn(state, batch)
+    loss = float(m["loss"])
+    dt = time.perf_counter() - t0
+    if not bool(m["forge_backward_ok"]):
+      raise RuntimeError(f"step {step}: a fused layer's backward did not run "
+                         "exactly once; see forge_jax.fused_step")
+    if not math.isfinite(loss):
+      raise FloatingPointError(f"step {step}: loss is {loss}")
+    rec = {"step": step + 1, "loss": loss, "step_s": dt,
+           "tokens_per_s": tokens_per_step / dt}
+    peak = _peak_bytes()
+    if peak is not None:
+      rec["peak_bytes"] = peak
+    if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+      rec["val_loss"] = _evaluate(eval_loss, state.params, data, cfg)
+    records.append(rec)
+    last_val = rec.get("val_loss", last_val)
+    bar.set_postfix(loss=f"{loss:.3f}", val_loss=f"{last_val:.3f}")
+    if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+      fj.save_checkpoint(ckpt_dir, state,
+                         metadata={"config": dataclasses.asdict(cfg)})
+  bar.close()
+  timed = [r["step_s"] for r in records[1:]] or [r["step_s"] for r in records]
+  vals = [r for r in records if "val_loss" in r]
+  summary = {
+      "final_loss": records[-1]["loss"] if records else None,
+      "final_val_loss": vals[-1]["val_loss"] if vals else None,
+      "median_step_s": float(np.median(timed)) if timed else None,
+      "median_tokens_per_s": tokens_per_step / float(np.median(timed)) if timed else None,
+      "peak_bytes": max((r.get("peak_bytes", 0) for r in records), default=None) or None,
+  }
+  out = {**header, "summary": summary, "records": records}
+  _write_json(metrics_path, out)
+  _plot(records, os.path.join(cfg.out, "loss.png"),
+        f"{cfg.optimizer}, {cfg.preset} ({n_params / 1e6:.1f}M params)")
+  print(json.dumps({"optimizer": cfg.optimizer, **summary}), file=sys.stderr)
+  return out
+
+
+def parse_args(argv=None) -> TrainConfig:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--preset", default=TrainConfig.preset, choices=sorted(PRESETS))
+  p.add_argument("--optimizer", default=TrainConfig.optimizer, choices=OPTIMIZERS)
+  p.add_argument("--steps", type=int)
+  p.add_argument("--batch-size", type=int)
+  p.add_argument("--seq-len", type=int)
+  p.add_argument("--tokenizer", choices=data_lib.TOKENIZERS)
+  p.add_argument("--dtype", choices=("float32", "bfloat16"))
+  p.add_argument("--learning-rate", type=float)
+  p.add_argument("--warmup-steps", type=int)
+  p.add_argument("--eval-every", type=int)
+  p.add_argument("--eval-batches", type=int)
+  p.add_argument("--checkpoint-every", type=int)
+  p.add_argument("--text-files", nargs="+", default=(),
+                 help="train on these UTF-8 files instead of the default corpus")
+  p.add_argument("--val-fraction", type=float, default=TrainConfig.val_fraction)
+  p.add_argument("--seed", type=int, default=TrainConfig.seed)
+  p.add_argument("--implementation", choices=("xla", "triton"))
+  p.add_argument("--out", default=TrainConfig.out)
+  p.add_argument("--resume", action="store_true",
+                 help="continue from the latest checkpoint under --out")
+  p.add_argument("--stop-at", type=int,
+                 help="stop after this step with a checkpoint (as if preempted)")
+  p.add_argument("--cache-dir", default=None)
+  a = p.parse_args(argv)
+  return TrainConfig(**{k.replace("-", "_"): (tuple(v) if k == "text_files" else v)
+                        for k, v in vars(a).items()})
+
+
+if __name__ == "__main__":
+  main(parse_args())

@@ -1,0 +1,260 @@
+"""ForgeDense: flax.linen.Dense whose backward pass also updates its kernel.
+
+Outside a fused training step (plain ``model.apply``, ``jax.grad`` of it)
+ForgeDense computes exactly what ``flax.linen.Dense`` computes and has the
+same parameters, so the same model trains unfused with any optax optimizer.
+Inside :func:`forge_jax.fused_step` (or :func:`forge_jax.make_train_step`) its
+matmul runs through a ``custom_vjp`` whose backward computes dx with the old
+kernel, then the fused weight-gradient + optimizer kernel, and returns the
+*new* kernel and optimizer state as the cotangents of the old ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.linen.dtypes import promote_dtype
+from jax import lax
+
+from forge_jax._src import transforms as transforms_lib
+from pallas_kernels import fused_dw
+
+FORGE_STATE = "forge_state"
+PROBE = "probe"
+
+default_kernel_init = nn.initializers.lecun_normal()
+
+
+# ---------------------------------------------------------------------------
+# The fused context: set by the fused step while it traces the loss.
+
+
+@dataclasses.dataclass(eq=False)
+class FusedContext:
+  """What a fused step hands to every ForgeDense it traces.
+
+  Attributes:
+    step: int32 scalar, number of updates done so far (0 at the first step).
+    implementation: default kernel implementation for layers that name none.
+    interpret: run Pallas kernels in interpret mode.
+    backward_traces: module path -> number of times its backward was traced.
+  """
+
+  step: jax.Array
+  implementation: str | None = None
+  interpret: bool = False
+  backward_traces: dict[tuple[str, ...], int] = dataclasses.field(
+      default_factory=dict)
+
+  def record_backward(self, path: tuple[str, ...]) -> None:
+    self.backward_traces[path] = self.backward_traces.get(path, 0) + 1
+
+
+_LOCAL = threading.local()
+
+
+def current_context() -> FusedContext | None:
+  stack = getattr(_LOCAL, "stack", [])
+  return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def fused_context(ctx: FusedContext) -> Iterator[FusedContext]:
+  """Makes ForgeDense layers traced inside the block run fused."""
+  fused_dw.resolve_implementation(ctx.implementation)  # validate early
+  stack = getattr(_LOCAL, "stack", None)
+  if stack is None:
+    stack = _LOCAL.stack = []
+  stack.append(ctx)
+  try:
+    yield ctx
+  finally:
+    stack.pop()
+
+
+# ---------------------------------------------------------------------------
+# The custom_vjp.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Spec:
+  """Static description of one fused matmul (hashed by identity)."""
+
+  rule: Any
+  compute_dtype: Any
+  precision: Any
+  implementation: str
+  interpret: bool
+  context: FusedContext
+  path: tuple[str, ...]
+
+
+def _matmul(spec: _Spec, x, kernel):
+  return lax.dot_general(
+      x, kernel.astype(spec.compute_dtype), (((x.ndim - 1,), (0,)), ((), ())),
+      precision=spec.precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _forge_linear(spec, x, kernel, state, hparams, probe):
+  del state, hparams, probe
+  return _matmul(spec, x, kernel)
+
+
+def _forge_linear_fwd(spec, x, kernel, state, hparams, probe):
+  return _matmul(spec, x, kernel), (x, kernel, state, hparams, probe)
+
+
+def _forge_linear_bwd(spec, residuals, dy):
+  x, kernel, state, hparams, probe = residuals
+  spec.context.record_backward(spec.path)
+  # dx reads the old kernel; the fused kernel then overwrites it in place.
+  # XLA orders the two by itself (experiments/inplace_memory.py checks the
+  # compiled HLO for copies of the kernel and moments: there are none).
+  dx = lax.dot_general(
+      dy, kernel.astype(spec.compute_dtype),
+      (((dy.ndim - 1,), (1,)), ((), ())), precision=spec.precision
+  ).astype(x.dtype)
+  new_kernel, new_state = fused_dw.fused_dw_update(
+      x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]).astype(x.dtype),
+      kernel, state, hparams, rule=spec.rule,
+      implementation=spec.implementation, interpret=spec.interpret)
+  # The probe's cotangent counts how often this backward ran (1 when used
+  # exactly once); hparams get no gradient.
+  return (dx, new_kernel, new_state, jnp.zeros_like(hparams),
+          jnp.ones_like(probe))
+
+
+_forge_linear.defvjp(_forge_linear_fwd, _forge_linear_bwd)
+
+
+# ---------------------------------------------------------------------------
+# The layer.
+
+
+class ForgeDense(nn.Module):
+  """A drop-in ``flax.linen.Dense`` with FORGE's fused optimizer update.
+
+  y = x · kernel + bias, for inputs of shape (..., in) and kernel (in, features).
+  Fields up to ``promote_dtype`` are those of ``flax.linen.Dense`` with the
+  same defaults and parameter names (``kernel``, ``bias``).
+
+  The kernel's optimizer state (e.g. AdamW's ``mu`` and ``nu``, fp32, shape
+  (in, features)) lives in the variable collection ``'forge_state'`` with a
+  scalar ``probe`` that counts backward passes. ``model.init`` creates it.
+
+  In a fused step (:func:`forge_jax.make_train_step`) the backward pass
+  computes dx with the old kernel, then dW = xᵀ·dY tile by tile with
+  ``optimizer``'s update applied in registers (FORGE, arXiv 2606.22932); the
+  bias is not fused and gets an ordinary gradient. Outside a fused step the
+  layer is exactly ``flax.linen.Dense``.
+
+  Attributes:
+    features: the number of output features.
+    use_bias: whether to add a bias (not fused; trained by the step's optax tx).
+    dtype: the computation dtype (default: inferred from inputs and params).
+    param_dtype: dtype of kernel and bias; float32 in fused mode.
+    precision: numerical precision of the forward matmul and dx.
+    kernel_init: initializer of the kernel, (in, features).
+    bias_init: initializer of the bias, (features,).
+    promote_dtype: as in ``flax.linen.Dense``.
+    optimizer: a :class:`forge_jax.ForgeTransformation` (e.g.
+      ``forge_jax.adamw(1e-3)``) run fused on the kernel. ``None`` makes a
+      plain Dense without optimizer state.
+    implementation: ``'xla'``, ``'triton'`` or ``None`` (the fused step's
+      choice, else the kernel on a GPU and the reference elsewhere).
+
+  Raises (at trace time, before anything is computed):
+    TypeError: if ``optimizer`` is not a ForgeTransformation.
+    ValueError: in a fused step, if the layer has no optimizer or no state,
+      the computation dtype is not float32 or bfloat16, or ``param_dtype`` is
+      not float32.
+  """
+
+  features: int
+  use_bias: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  precision: Any = None
+  kernel_init: Any = default_kernel_init
+  bias_init: Any = nn.initializers.zeros_init()
+  promote_dtype: Any = promote_dtype
+  optimizer: transforms_lib.ForgeTransformation | None = None
+  implementation: str | None = None
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    """Applies y = inputs · kernel + bias: (..., in) -> (..., features)."""
+    if self.optimizer is not None and not isinstance(
+        self.optimizer, transforms_lib.ForgeTransformation):
+      raise TypeError(
+          f"ForgeDense.optimizer must be a forge_jax fused transformation such "
+          f"as forge_jax.adamw(...), got {type(self.optimizer).__name__}")
+    if self.implementation is not None:
+      fused_dw.resolve_implementation(self.implementation)
+    if not isinstance(self.features, int) or self.features < 1:
+      raise ValueError(f"ForgeDense.features={self.features!r} must be a "
+                       "positive int")
+    if jnp.ndim(inputs) < 1:
+      raise ValueError("ForgeDense inputs must have at least 1 dimension (..., "
+                       f"in), got shape {jnp.shape(inputs)}")
+    kernel = self.param("kernel", self.kernel_init,
+                        (jnp.shape(inputs)[-1], self.features), self.param_dtype)
+    bias = (self.param("bias", self.bias_init, (self.features,),
+                       self.param_dtype) if self.use_bias else None)
+    if self.optimizer is not None and self.is_mutable_collection(FORGE_STATE):
+      # Created by model.init; a plain apply without the collection is Dense.
+      for name in self.optimizer.rule.state_names:
+        self.variable(FORGE_STATE, name, jnp.zeros, kernel.shape, jnp.float32)
+      self.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
+
+    ctx = current_context()
+    inputs, kernel_c, bias = self.promote_dtype(
+        inputs, kernel, bias, dtype=self.dtype)
+    if ctx is None or self.is_initializing():
+      y = lax.dot_general(inputs, kernel_c,
+                          (((inputs.ndim - 1,), (0,)), ((), ())),
+                          precision=self.precision)
+    else:
+      y = self._fused_matmul(ctx, inputs, kernel)
+    if bias is not None:
+      y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+    return y
+
+  def _fused_matmul(self, ctx: FusedContext, inputs, kernel):
+    path = tuple(self.scope.path)
+    where = "/".join(path) or "<root>"
+    if self.optimizer is None:
+      raise ValueError(f"ForgeDense at {where!r} has optimizer=None and cannot "
+                       "run in a fused step; give it e.g. forge_jax.adamw(...)")
+    if kernel.dtype != jnp.float32:
+      raise ValueError(f"ForgeDense at {where!r}: param_dtype={kernel.dtype} is "
+                       "not supported in fused mode yet; use float32")
+    if inputs.dtype not in (jnp.float32, jnp.bfloat16):
+      raise ValueError(f"ForgeDense at {where!r}: the computation dtype "
+                       f"{inputs.dtype} (from inputs and dtype={self.dtype}) "
+                       "must be float32 or bfloat16 in fused mode")
+    rule = self.optimizer.rule
+    names = (*rule.state_names, PROBE)
+    missing = [n for n in names if not self.has_variable(FORGE_STATE, n)]
+    if missing:
+      raise ValueError(
+          f"ForgeDense at {where!r} has no {FORGE_STATE!r} variables {missing}:"
+          f" pass the {FORGE_STATE!r} collection returned by model.init")
+    state = tuple(self.get_variable(FORGE_STATE, n) for n in rule.state_names)
+    probe = self.get_variable(FORGE_STATE, PROBE)
+    implementation = fused_dw.resolve_implementation(
+        self.implementation or ctx.implementation)
+    spec = _Spec(rule=rule, compute_dtype=inputs.dtype,
+                 precision=self.precision, implementation=implementation,
+                 interpret=ctx.interpret, context=ctx, path=path)
+    hparams = self.optimizer.packed_hyperparams(ctx.step)
+    return _forge_linear(spec, inputs, kernel, state, hparams, probe)

@@ -1,0 +1,259 @@
+"""The fused training step: params, fused-layer state and optax state together."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from flax import traverse_util
+
+from forge_jax._src import dense as dense_lib
+
+FORGE_STATE = dense_lib.FORGE_STATE
+PROBE = dense_lib.PROBE
+
+LossFn = Callable[[Mapping[str, Any], Any], Any]
+
+
+def fused_kernel_paths(forge_state: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+  """Module paths of the fused layers found in a ``'forge_state'`` collection."""
+  flat = traverse_util.flatten_dict(dict(forge_state))
+  return tuple(sorted(k[:-1] for k in flat if k[-1] == PROBE))
+
+
+def split_params(params, paths):
+  """Splits params into (unfused tree, {path + ('kernel',): fused kernel})."""
+  flat = traverse_util.flatten_dict(dict(params))
+  keys = {p + ("kernel",) for p in paths}
+  absent = sorted(keys - set(flat))
+  if absent:
+    raise ValueError(
+        f"params has no kernel for the fused layers {['/'.join(k) for k in absent]}"
+        f" found in {FORGE_STATE!r}: params and {FORGE_STATE!r} must come from "
+        "the same model.init")
+  fused = {k: flat[k] for k in keys}
+  other = traverse_util.unflatten_dict(
+      {k: v for k, v in flat.items() if k not in keys})
+  return other, fused
+
+
+def merge_params(other, fused):
+  flat = traverse_util.flatten_dict(dict(other))
+  flat.update(fused)
+  return traverse_util.unflatten_dict(flat)
+
+
+def _functions_in(fn, depth: int = 6):
+  """Functions reachable from ``fn`` through closures (an optax chain's parts)."""
+  seen, stack = set(), [(fn, 0)]
+  while stack:
+    f, d = stack.pop()
+    if id(f) in seen or d > depth:
+      continue
+    seen.add(id(f))
+    yield f
+    for attr in ("fn", "func", "update"):  # wrappers such as _FusedUpdate
+      inner = getattr(f, attr, None)
+      if callable(inner):
+        stack.append((inner, d + 1))
+    for cell in getattr(f, "__closure__", None) or ():
+      try:
+        v = cell.cell_contents
+      except ValueError:
+        continue
+      if callable(v):
+        stack.append((v, d + 1))
+      elif isinstance(v, (tuple, list)):
+        stack.extend((x, d + 1) for x in v if callable(x))
+
+
+def _refuse_unsupported_tx(tx, opt_state) -> None:
+  """Refuses optax pieces whose meaning needs the fused layers' gradients."""
+  for leaf in jax.tree.leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.MultiStepsState)):
+    if isinstance(leaf, optax.MultiStepsState):
+      raise ValueError(
+          "tx: gradient accumulation (optax.MultiSteps) cannot be combined "
+          "with fused ForgeDense layers: their update runs inside every "
+          "backward pass, so there is no gradient to accumulate")
+  for f in _functions_in(tx.update):
+    if getattr(f, "__qualname__", "").startswith("clip_by_global_norm"):
+      raise ValueError(
+          "tx: optax.clip_by_global_norm cannot be combined with fused "
+          "ForgeDense layers: the global norm needs every gradient before any "
+          "update, but fused kernels update inside the backward pass and their "
+          "gradients never exist. Clip per tensor (optax.clip_by_block_rms) "
+          "or train this model unfused")
+
+
+class TrainState(struct.PyTreeNode):
+  """Training state of a model with fused ForgeDense layers.
+
+  Like ``flax.training.train_state.TrainState``, with the fused layers'
+  optimizer state kept beside the params.
+
+  Attributes:
+    step: int32 scalar, number of completed steps.
+    params: the model's ``'params'`` collection (fused kernels included).
+    forge_state: the ``'forge_state'`` collection: per fused layer its
+      optimizer-state arrays (fp32, shaped like the kernel) and a probe.
+    opt_state: state of ``tx`` over the params that are *not* fused kernels
+      (embeddings, norms, biases, heads).
+    apply_fn: the model's apply function (static).
+    tx: optax transformation for the unfused params (static).
+  """
+
+  step: jax.Array
+  params: Any
+  forge_state: Any
+  opt_state: optax.OptState
+  apply_fn: Callable = struct.field(pytree_node=False)
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+
+  @classmethod
+  def create(cls, *, apply_fn: Callable, variables: Mapping[str, Any],
+             tx: optax.GradientTransformation) -> "TrainState":
+    """Builds the state from ``model.init``'s variables.
+
+    Args:
+      apply_fn: usually ``model.apply``.
+      variables: ``{'params': ..., 'forge_state': ...}`` from ``model.init``.
+      tx: optax transformation for every param that is not a fused kernel.
+
+    Raises:
+      ValueError: if ``variables`` lacks ``'params'``, or the model has fused
+        layers and ``tx`` holds gradient accumulation (``optax.MultiSteps``)
+        or global-norm clipping (``optax.clip_by_global_norm``), which need
+        the fused layers' gradients.
+    """
+    if "params" not in variables:
+      raise ValueError("variables must hold a 'params' collection (from "
+                       f"model.init), got keys {sorted(variables)}")
+    params = variables["params"]
+    forge_state = variables.get(FORGE_STATE, {})
+    paths = fused_kernel_paths(forge_state)
+    other, _ = split_params(params, paths)
+    opt_state = tx.init(other)
+    if paths:
+      _refuse_unsupported_tx(tx, opt_state)
+    return cls(step=jnp.zeros([], jnp.int32), params=params,
+               forge_state=forge_state, opt_state=opt_state,
+               apply_fn=apply_fn, tx=tx)
+
+  @property
+  def variables(self) -> dict[str, Any]:
+    """``{'params': ..., 'forge_state': ...}`` for ``apply_fn``."""
+    return {"params": self.params, FORGE_STATE: self.forge_state}
+
+
+def fused_step(
+    state: TrainState,
+    batch: Any,
+    loss_fn: LossFn,
+    *,
+    implementation: str | None = None,
+    interpret: bool = False,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One training step; fused layers update inside their backward pass.
+
+  Args:
+    state: the :class:`TrainState`.
+    batch: passed to ``loss_fn`` unchanged.
+    loss_fn: ``loss_fn(variables, batch) -> loss`` or ``(loss, aux)``, where
+      ``variables`` is ``{'params': ..., 'forge_state': ...}`` to pass to
+      ``apply_fn``; ``loss`` an fp32 scalar, ``aux`` a dict of metrics.
+    implementation: kernel implementation for fused layers that name none.
+    interpret: run the Pallas kernels in interpret mode.
+
+  Returns:
+    ``(new_state, metrics)``; metrics hold ``loss``, ``aux`` and
+    ``forge_backward_ok`` (True when every fused backward ran exactly once
+    per kernel slice at run time).
+
+  Raises:
+    ValueError: at trace time (before anything runs or is written) if a fused
+      layer's backward pass was traced zero times (output unused, under
+      ``stop_gradient``, layer not called) or more than once (a layer applied
+      twice, tied weights).
+  """
+  paths = fused_kernel_paths(state.forge_state)
+  other, fused = split_params(state.params, paths)
+
+  def objective(other, fused, forge_state):
+    out = loss_fn({"params": merge_params(other, fused),
+                   FORGE_STATE: forge_state}, batch)
+    loss, aux = out if isinstance(out, tuple) else (out, {})
+    return loss, aux
+
+  ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
+                               interpret=interpret)
+  with dense_lib.fused_context(ctx):
+    (loss, aux), (grads, new_fused, new_forge_state) = jax.value_and_grad(
+        objective, argnums=(0, 1, 2), has_aux=True)(
+            other, fused, state.forge_state)
+  _check_backward_traces(ctx, paths)
+
+  updates, opt_state = state.tx.update(grads, state.opt_state, other)
+  other = optax.apply_updates(other, updates)
+
+  flat_fs = traverse_util.flatten_dict(dict(new_forge_state))
+  counts = [v for k, v in flat_fs.items() if k[-1] == PROBE]
+  backward_ok = jnp.all(jnp.stack([jnp.all(c == 1) for c in counts])
+                        ) if counts else jnp.asarray(True)
+  flat_fs = {k: (jnp.zeros_like(v) if k[-1] == PROBE else v)
+             for k, v in flat_fs.items()}
+  new_state = state.replace(
+      step=state.step + 1,
+      params=merge_params(other, new_fused),
+      forge_state=traverse_util.unflatten_dict(flat_fs) if flat_fs else {},
+      opt_state=opt_state)
+  metrics = {"loss": loss, **aux, "forge_backward_ok": backward_ok}
+  return new_state, metrics
+
+
+def _check_backward_traces(ctx: dense_lib.FusedContext, paths) -> None:
+  problems = []
+  for p in paths:
+    n = ctx.backward_traces.get(p, 0)
+    name = "/".join(p)
+    if n == 0:
+      problems.append(
+          f"{name}: its backward never ran (the layer was not called, its "
+          "output does not reach the loss, or it is under stop_gradient); "
+          "its kernel would be overwritten with zeros")
+    elif n > 1:
+      problems.append(
+          f"{name}: its backward ran {n} times (the same layer applied more "
+          "than once, or its kernel tied to another use); fused updates would "
+          "be summed")
+  unknown = sorted(set(ctx.backward_traces) - set(paths))
+  for p in unknown:
+    problems.append(f"{'/'.join(p)}: a fused layer without an entry in "
+                    f"{FORGE_STATE!r}")
+  if problems:
+    raise ValueError(
+        "fused step refused, nothing was updated; each fused ForgeDense must "
+        "be used exactly once per step:\n  " + "\n  ".join(problems))
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    *,
+    implementation: str | None = None,
+    interpret: bool = False,
+    donate: bool = True,
+) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]:
+  """``jax.jit`` of :func:`fused_step` with the state donated.
+
+  Donation lets the fused kernels write the new kernels and moments into the
+  buffers of the old ones. The learning rate and step count are traced, so a
+  schedule does not recompile.
+  """
+  def step(state, batch):
+    return fused_step(state, batch, loss_fn, implementation=implementation,
+                      interpret=interpret)
+  return jax.jit(step, donate_argnums=(0,) if donate else ())

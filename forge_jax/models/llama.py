@@ -1,0 +1,495 @@
+"""A Llama-style decoder-only transformer in ``flax.linen``.
+
+The architecture follows Llama 2/3: pre-norm residual blocks with RMSNorm,
+rotary position embeddings (half-split rotation), grouped-query causal
+self-attention and a SwiGLU MLP, with no biases anywhere.
+
+Every attention and MLP projection (``q_proj``, ``k_proj``, ``v_proj``,
+``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``) is created through the
+configurable ``dense_cls`` of :class:`Llama` (default
+:class:`flax.linen.Dense`), so a caller can swap in any drop-in replacement
+with the same constructor signature and a ``(B, S, d_in) -> (B, S, d_out)``
+call. Projection kernels are always 2-D ``(in, out)``; heads are formed by
+reshaping after the projection. The ``lm_head`` is always a plain
+:class:`flax.linen.Dense`.
+
+Shape legend used in the docstrings:
+  B: batch size, S: sequence length, D: ``d_model``, H: ``n_heads``,
+  K: ``n_kv_heads``, Dh: head dim (``D // H``), F: ``ffn_dim``,
+  V: ``vocab_size``.
+
+Example:
+  >>> cfg = PRESETS["cpu-tiny"]
+  >>> model = Llama(cfg)
+  >>> tokens = jnp.zeros((2, 16), jnp.int32)
+  >>> params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+  >>> logits = model.apply({"params": params}, tokens)  # float32 (2, 16, 256)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Dict
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = [
+    "LlamaConfig",
+    "num_params",
+    "PRESETS",
+    "get_config",
+    "RMSNorm",
+    "rotary_embedding",
+    "apply_rotary_embedding",
+    "Attention",
+    "MLP",
+    "Block",
+    "Llama",
+    "cross_entropy_loss",
+]
+
+DType = Any
+INIT_STD = 0.02
+"""Standard deviation of the normal init for embeddings and projections."""
+
+
+# ---------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  """Hyper-parameters of a :class:`Llama` model.
+
+  Attributes:
+    vocab_size: Number of tokens in the vocabulary (V).
+    d_model: Width of the residual stream (D). Must be divisible by
+      ``n_heads`` and give an even head dim (needed by RoPE).
+    n_layers: Number of transformer blocks.
+    n_heads: Number of query heads (H).
+    n_kv_heads: Number of key/value heads (K) for grouped-query attention;
+      ``n_heads`` must be divisible by it. ``n_kv_heads == n_heads`` is
+      ordinary multi-head attention, ``1`` is multi-query attention.
+    ffn_dim: Hidden width of the SwiGLU MLP (F).
+    max_seq_len: Longest sequence the model accepts.
+    rope_theta: RoPE base frequency (10000 for Llama 2, 500000 for Llama 3).
+    norm_eps: Epsilon of RMSNorm.
+    tie_embeddings: If True there is no ``lm_head``; logits are
+      ``embed.attend(h)`` with the input embedding matrix.
+    dtype: Compute dtype of activations and matmuls (e.g. ``jnp.bfloat16``).
+      Norms, RoPE, softmax and the returned logits are always float32.
+    param_dtype: Storage dtype of the parameters.
+    remat: If True, wrap each block in ``nn.remat`` (activation
+      checkpointing): less memory, one extra forward pass per block.
+
+  Raises:
+    ValueError: If a field is invalid; the message names the field.
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  ffn_dim: int
+  max_seq_len: int
+  rope_theta: float = 10000.0
+  norm_eps: float = 1e-5
+  tie_embeddings: bool = False
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+  remat: bool = False
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads",
+                 "n_kv_heads", "ffn_dim", "max_seq_len"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if self.d_model % self.n_heads != 0:
+      raise ValueError(
+          f"d_model ({self.d_model}) must be divisible by n_heads "
+          f"({self.n_heads})")
+    if self.n_heads % self.n_kv_heads != 0:
+      raise ValueError(
+          f"n_heads ({self.n_heads}) must be divisible by n_kv_heads "
+          f"({self.n_kv_heads})")
+    if (self.d_model // self.n_heads) % 2 != 0:
+      raise ValueError(
+          f"head dim d_model // n_heads ({self.d_model // self.n_heads}) "
+          "must be even for rotary embeddings")
+    if not self.rope_theta > 0:
+      raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+    if not self.norm_eps > 0:
+      raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+
+  @property
+  def head_dim(self) -> int:
+    """Per-head width Dh = ``d_model // n_heads``."""
+    return self.d_model // self.n_heads
+
+  @property
+  def n_rep(self) -> int:
+    """Number of query heads sharing each key/value head (H // K)."""
+    return self.n_heads // self.n_kv_heads
+
+
+def num_params(config: LlamaConfig) -> int:
+  """Exact number of parameters of ``Llama(config)``, computed analytically.
+
+  Args:
+    config: Model config.
+
+  Returns:
+    Total parameter count, including the embedding, and the ``lm_head``
+    unless ``config.tie_embeddings``.
+  """
+  d, hd = config.d_model, config.head_dim
+  attn = (d * config.n_heads * hd            # q_proj
+          + 2 * d * config.n_kv_heads * hd   # k_proj, v_proj
+          + config.n_heads * hd * d)         # o_proj
+  mlp = 3 * d * config.ffn_dim               # gate_proj, up_proj, down_proj
+  block = attn + mlp + 2 * d                 # + attn_norm, mlp_norm scales
+  embed = config.vocab_size * d
+  lm_head = 0 if config.tie_embeddings else d * config.vocab_size
+  return embed + config.n_layers * block + d + lm_head  # + final norm
+
+
+PRESETS: Dict[str, LlamaConfig] = {
+    # Byte-level toy model that trains in minutes on a couple of CPU cores.
+    # 853,120 parameters.
+    "cpu-tiny": LlamaConfig(
+        vocab_size=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
+        ffn_dim=384, max_seq_len=128),
+    # GPT-2 vocab, tied embeddings: 57,199,616 parameters.
+    "60m": LlamaConfig(
+        vocab_size=50257, d_model=512, n_layers=10, n_heads=8, n_kv_heads=4,
+        ffn_dim=1536, max_seq_len=512, tie_embeddings=True),
+    # GPT-2 vocab, tied embeddings: 130,629,120 parameters.
+    "130m": LlamaConfig(
+        vocab_size=50257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=6,
+        ffn_dim=2560, max_seq_len=1024, tie_embeddings=True),
+}
+"""Named configs. Override fields with ``dataclasses.replace`` or
+:func:`get_config`, e.g. ``get_config("60m", vocab_size=32000)``."""
+
+
+def get_config(name: str, **overrides: Any) -> LlamaConfig:
+  """Returns ``PRESETS[name]`` with ``overrides`` applied (and re-validated).
+
+  Args:
+    name: A key of :data:`PRESETS`.
+    **overrides: Fields to replace, e.g. ``vocab_size=32000, remat=True``.
+
+  Raises:
+    KeyError: If ``name`` is not a preset.
+    ValueError: If the overridden config is invalid.
+  """
+  if name not in PRESETS:
+    raise KeyError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+  return dataclasses.replace(PRESETS[name], **overrides)
+
+
+# ---------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+  """Root-mean-square layer norm with a learnable ``scale`` (init ones).
+
+  Computed in float32 regardless of the input dtype.
+
+  Attributes:
+    eps: Added to the mean square before the reciprocal square root.
+    dtype: Output dtype.
+    param_dtype: Dtype of ``scale``.
+  """
+
+  eps: float = 1e-5
+  dtype: DType = jnp.float32
+  param_dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes over the last axis.
+
+    Args:
+      x: ``(..., D)`` array of any float dtype.
+
+    Returns:
+      ``(..., D)`` array of ``self.dtype``.
+    """
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],),
+                       self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(var + self.eps) * scale.astype(jnp.float32)
+    return y.astype(self.dtype)
+
+
+def rotary_embedding(positions: jax.Array, head_dim: int,
+                     theta: float = 10000.0) -> tuple[jax.Array, jax.Array]:
+  """RoPE angle tables.
+
+  Args:
+    positions: int ``(S,)`` token positions.
+    head_dim: Even per-head width Dh.
+    theta: Base frequency.
+
+  Returns:
+    ``(cos, sin)``, each float32 ``(S, Dh // 2)``, where the angle of
+    position ``p`` and frequency ``i`` is ``p * theta ** (-2 i / Dh)``.
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
+                              / head_dim))
+  angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary_embedding(x: jax.Array, positions: jax.Array,
+                           theta: float = 10000.0) -> jax.Array:
+  """Rotates ``x`` by its position (half-split / GPT-NeoX convention).
+
+  The first and second halves of the head dim form the (real, imaginary)
+  pairs: ``out = concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)``.
+  Computed in float32.
+
+  Args:
+    x: ``(B, S, N, Dh)`` queries or keys (N heads), any float dtype.
+    positions: int ``(S,)`` positions of the sequence axis.
+    theta: Base frequency.
+
+  Returns:
+    ``(B, S, N, Dh)`` array of ``x.dtype``.
+  """
+  cos, sin = rotary_embedding(positions, x.shape[-1], theta)
+  cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _normal(std: float) -> Callable[..., jax.Array]:
+  return nn.initializers.normal(stddev=std)
+
+
+class Attention(nn.Module):
+  """Causal grouped-query self-attention with RoPE.
+
+  Attributes:
+    config: Model config.
+    dense_cls: Constructor of the q/k/v/o projections; called as
+      ``dense_cls(features=..., use_bias=False, dtype=..., param_dtype=...,
+      kernel_init=..., name=...)`` and applied to 3-D ``(B, S, d_in)`` inputs.
+  """
+
+  config: LlamaConfig
+  dense_cls: Callable[..., nn.Module] = nn.Dense
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Applies attention over positions ``0 .. S-1``.
+
+    Args:
+      x: ``(B, S, D)`` array of ``config.dtype``.
+
+    Returns:
+      ``(B, S, D)`` array of ``config.dtype``.
+    """
+    cfg = self.config
+    b, s, _ = x.shape
+    h, k_heads, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+
+    def dense(features, name, std=INIT_STD):
+      return self.dense_cls(features=features, use_bias=False,
+                            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                            kernel_init=_normal(std), name=name)
+
+    q = dense(h * hd, "q_proj")(x).reshape(b, s, h, hd)
+    k = dense(k_heads * hd, "k_proj")(x).reshape(b, s, k_heads, hd)
+    v = dense(k_heads * hd, "v_proj")(x).reshape(b, s, k_heads, hd)
+
+    positions = jnp.arange(s, dtype=jnp.int32)
+    q = apply_rotary_embedding(q, positions, cfg.rope_theta)
+    k = apply_rotary_embedding(k, positions, cfg.rope_theta)
+
+    # GQA: query head i uses kv head i // n_rep.
+    if cfg.n_rep > 1:
+      k = jnp.repeat(k, cfg.n_rep, axis=2)
+      v = jnp.repeat(v, cfg.n_rep, axis=2)
+
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                        preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(hd))
+    causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
+    scores = jnp.where(causal[None, None], scores,
+                       jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, h * hd)
+
+    o_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
+    return dense(cfg.d_model, "o_proj", o_std)(out)
+
+
+class MLP(nn.Module):
+  """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``.
+
+  Attributes:
+    config: Model config.
+    dense_cls: Constructor of gate/up/down projections (see
+      :class:`Attention`).
+  """
+
+  config: LlamaConfig
+  dense_cls: Callable[..., nn.Module] = nn.Dense
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Applies the MLP.
+
+    Args:
+      x: ``(B, S, D)`` array of ``config.dtype``.
+
+    Returns:
+      ``(B, S, D)`` array of ``config.dtype``.
+    """
+    cfg = self.config
+
+    def dense(features, name, std=INIT_STD):
+      return self.dense_cls(features=features, use_bias=False,
+                            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                            kernel_init=_normal(std), name=name)
+
+    gate = dense(cfg.ffn_dim, "gate_proj")(x)
+    up = dense(cfg.ffn_dim, "up_proj")(x)
+    down_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
+    return dense(cfg.d_model, "down_proj", down_std)(nn.silu(gate) * up)
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block: ``x + attn(norm(x))`` then ``+ mlp(norm(.))``.
+
+  Attributes:
+    config: Model config.
+    dense_cls: Projection constructor passed to :class:`Attention` and
+      :class:`MLP`.
+  """
+
+  config: LlamaConfig
+  dense_cls: Callable[..., nn.Module] = nn.Dense
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Applies the block.
+
+    Args:
+      x: ``(B, S, D)`` residual stream of ``config.dtype``.
+
+    Returns:
+      ``(B, S, D)`` array of ``config.dtype``.
+    """
+    cfg = self.config
+
+    def norm(name):
+      return RMSNorm(eps=cfg.norm_eps, dtype=cfg.dtype,
+                     param_dtype=cfg.param_dtype, name=name)
+
+    x = x + Attention(cfg, self.dense_cls, name="attn")(norm("attn_norm")(x))
+    x = x + MLP(cfg, self.dense_cls, name="mlp")(norm("mlp_norm")(x))
+    return x
+
+
+RematBlock = nn.remat(Block)
+
+
+class Llama(nn.Module):
+  """Llama-style decoder-only language model.
+
+  Parameter tree (``params``), kernels are ``(in, out)``::
+
+    embed/embedding                      (V, D)
+    layers_{i}/attn_norm/scale           (D,)
+    layers_{i}/attn/q_proj/kernel        (D, H*Dh)
+    layers_{i}/attn/k_proj/kernel        (D, K*Dh)
+    layers_{i}/attn/v_proj/kernel        (D, K*Dh)
+    layers_{i}/attn/o_proj/kernel        (H*Dh, D)
+    layers_{i}/mlp_norm/scale            (D,)
+    layers_{i}/mlp/gate_proj/kernel      (D, F)
+    layers_{i}/mlp/up_proj/kernel        (D, F)
+    layers_{i}/mlp/down_proj/kernel      (F, D)
+    norm/scale                           (D,)
+    lm_head/kernel                       (D, V)  (absent if tie_embeddings)
+
+  Attributes:
+    config: Model config.
+    dense_cls: Constructor used for the 7 attention/MLP projections of every
+      block (not for ``lm_head``). Must accept the keyword arguments
+      ``features, use_bias, dtype, param_dtype, kernel_init, name`` like
+      :class:`flax.linen.Dense` and map ``(B, S, d_in) -> (B, S, features)``.
+  """
+
+  config: LlamaConfig
+  dense_cls: Callable[..., nn.Module] = nn.Dense
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    """Computes next-token logits.
+
+    Args:
+      tokens: int32 ``(B, S)`` token ids with ``S <= config.max_seq_len``.
+
+    Returns:
+      float32 ``(B, S, V)`` logits; position ``t`` depends only on
+      ``tokens[:, :t + 1]``.
+
+    Raises:
+      ValueError: If ``tokens`` is not 2-D or is longer than
+        ``max_seq_len``.
+    """
+    cfg = self.config
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must be (B, S), got shape {tokens.shape}")
+    if tokens.shape[1] > cfg.max_seq_len:
+      raise ValueError(f"sequence length {tokens.shape[1]} exceeds "
+                       f"max_seq_len {cfg.max_seq_len}")
+
+    embed = nn.Embed(num_embeddings=cfg.vocab_size, features=cfg.d_model,
+                     dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                     embedding_init=_normal(INIT_STD), name="embed")
+    x = embed(tokens)
+
+    block_cls = RematBlock if cfg.remat else Block
+    for i in range(cfg.n_layers):
+      x = block_cls(cfg, self.dense_cls, name=f"layers_{i}")(x)
+
+    x = RMSNorm(eps=cfg.norm_eps, dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype, name="norm")(x)
+    if cfg.tie_embeddings:
+      logits = embed.attend(x)
+    else:
+      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
+                        param_dtype=cfg.param_dtype,
+                        kernel_init=_normal(INIT_STD), name="lm_head")(x)
+    return logits.astype(jnp.float32)
+
+
+def cross_entropy_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy.
+
+  Args:
+    logits: ``(..., V)`` logits of any float dtype (upcast to float32).
+    targets: int ``(...)`` target ids, same leading shape as ``logits``.
+
+  Returns:
+    float32 scalar: mean over all target positions.
+  """
+  losses = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), targets)
+  return jnp.mean(losses)

@@ -1,0 +1,125 @@
+"""Public entry point of the fused weight-gradient + optimizer-update op."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.fused_dw import kernel_triton
+from pallas_kernels.fused_dw.kernel_triton import FusedDWConfig
+from pallas_kernels.fused_dw.reference import fused_dw_update_reference
+
+Implementation = Literal["xla", "triton"]
+IMPLEMENTATIONS = ("xla", "triton")
+_OPERAND_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+def resolve_implementation(implementation: str | None) -> str:
+  """``None`` -> ``'triton'`` on a GPU backend, else ``'xla'``.
+
+  Raises:
+    ValueError: for a name other than ``'xla'``, ``'triton'`` or ``None``.
+  """
+  if implementation is None:
+    return "triton" if jax.default_backend() == "gpu" else "xla"
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation={implementation!r} must be one of "
+        f"{IMPLEMENTATIONS} or None")
+  return implementation
+
+
+def _check_args(x, dy, w, state, hparams, rule):
+  if x.ndim != 2:
+    raise ValueError(f"x must be 2-D (T, in), got x.shape={x.shape}")
+  if dy.ndim != 2:
+    raise ValueError(f"dy must be 2-D (T, out), got dy.shape={dy.shape}")
+  if x.shape[0] != dy.shape[0]:
+    raise ValueError(
+        f"x and dy must have the same number of tokens T, got "
+        f"x.shape={x.shape} and dy.shape={dy.shape}")
+  if w.shape != (x.shape[1], dy.shape[1]):
+    raise ValueError(
+        f"w must have shape (in, out)={(x.shape[1], dy.shape[1])} from x and dy,"
+        f" got w.shape={w.shape}")
+  for name, a in (("x", x), ("dy", dy)):
+    if a.dtype not in _OPERAND_DTYPES:
+      raise ValueError(f"{name}.dtype={a.dtype} must be float32 or bfloat16")
+  if x.dtype != dy.dtype:
+    raise ValueError(f"x.dtype={x.dtype} and dy.dtype={dy.dtype} must match")
+  if w.dtype != jnp.float32:
+    raise ValueError(f"w.dtype={w.dtype} must be float32")
+  if len(state) != len(rule.state_names):
+    raise ValueError(
+        f"state must hold {len(rule.state_names)} arrays {rule.state_names} "
+        f"for rule {rule.name!r}, got {len(state)}")
+  for name, s in zip(rule.state_names, state):
+    if s.shape != w.shape or s.dtype != jnp.float32:
+      raise ValueError(
+          f"state {name!r} must be float32 of shape {w.shape}, got "
+          f"{s.dtype}{list(s.shape)}")
+  if hparams.shape != (rule.num_hyperparams,) or hparams.dtype != jnp.float32:
+    raise ValueError(
+        f"hparams must be float32 of shape ({rule.num_hyperparams},) "
+        f"= [{', '.join(rule.hyperparam_names)}, count], got "
+        f"{hparams.dtype}{list(hparams.shape)}")
+
+
+def fused_dw_update(
+    x: jax.Array,
+    dy: jax.Array,
+    w: jax.Array,
+    state: Sequence[jax.Array],
+    hparams: jax.Array,
+    *,
+    rule,
+    implementation: str | None = None,
+    config: FusedDWConfig | None = None,
+    interpret: bool = False,
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+  """Fused dW = xᵀ·dY and elementwise optimizer step (FORGE, arXiv 2606.22932).
+
+  The gradient is computed one (block_m, block_n) tile at a time in fp32 and
+  consumed by ``rule.update`` in registers; only the new weight and state are
+  written, into the buffers of the old ones when those are donated.
+
+  Args:
+    x: layer inputs, (T, in), float32 or bfloat16.
+    dy: output cotangents, (T, out), same dtype as ``x``.
+    w: weights, (in, out), float32.
+    state: optimizer-state arrays ordered like ``rule.state_names``, each
+      float32 of shape (in, out).
+    hparams: float32 vector ``[*rule.hyperparam_names, count]`` (see
+      ``ElementwiseRule.pack``); traced, so changing it does not recompile.
+    rule: an ``ElementwiseRule`` (e.g. ``forge_jax.rules.ADAMW``).
+    implementation: ``'xla'`` (unfused reference), ``'triton'`` (Pallas
+      kernel; needs a GPU unless ``interpret``) or ``None`` (the kernel on a
+      GPU, the reference elsewhere).
+    config: tile configuration of the kernel; ``FusedDWConfig.default`` if None.
+    interpret: run the Pallas kernel in interpret mode (for CPU tests).
+
+  Returns:
+    ``(new_w, new_state)`` with the dtypes and shapes of ``w`` and ``state``.
+
+  Raises:
+    ValueError: on wrong shapes or dtypes, or an unknown implementation.
+    RuntimeError: for ``implementation='triton'`` without a GPU and without
+      ``interpret``.
+  """
+  state = tuple(state)
+  _check_args(x, dy, w, state, hparams, rule)
+  impl = resolve_implementation(implementation)
+  if impl == "xla":
+    return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule)
+  if not interpret and jax.default_backend() != "gpu":
+    raise RuntimeError(
+        "implementation='triton' needs a GPU backend (found "
+        f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
+        "in interpret mode, or implementation='xla' for the reference")
+  if config is None:
+    config = FusedDWConfig.default(x.shape[0], *w.shape, x.dtype)
+  return kernel_triton.fused_dw_update_triton(
+      x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret)

@@ -1,0 +1,27 @@
+"""Shared test helpers."""
+
+import zlib
+
+import jax
+import numpy as np
+import pytest
+
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def rel_err(a, b) -> float:
+  a = np.asarray(a, np.float64)
+  b = np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.fixture
+def rng(request):
+  # A fresh stream per test, reproducible from the test's name.
+  seed = zlib.crc32(request.node.nodeid.encode())
+  return np.random.default_rng(seed)
+
+# On a GPU, XLA's default fp32 matmul uses TF32; the fused kernel and the
+# references compute fp32 products exactly, so the tests compare at full
+# precision everywhere (this changes nothing on the CPU).
+jax.config.update("jax_default_matmul_precision", "highest")

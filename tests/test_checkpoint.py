@@ -1,0 +1,81 @@
+"""Orbax checkpoints of a fused TrainState: exact resume, refused mismatches."""
+
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import forge_jax as fj
+from forge_jax._src.checkpoint import latest_step
+
+
+class Net(nn.Module):
+  width: int = 12
+
+  @nn.compact
+  def __call__(self, x):
+    opt = fj.adamw(optax.cosine_decay_schedule(1e-2, 20), weight_decay=0.05)
+    h = nn.tanh(fj.ForgeDense(self.width, optimizer=opt, name="fc1")(x))
+    return nn.Dense(3, name="head")(h)
+
+
+def _setup(rng, width=12):
+  model = Net(width)
+  x = jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((6, 3)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v,
+                               tx=optax.adamw(1e-2))
+  step = fj.make_train_step(
+      lambda v, b: jnp.mean((model.apply(v, b[0]) - b[1]) ** 2))
+  return state, step, (x, y)
+
+
+def _leaves(state):
+  return [np.asarray(a) for a in jax.tree.leaves(
+      (state.step, state.params, state.forge_state, state.opt_state))]
+
+
+def test_resume_is_bit_identical(rng, tmp_path):
+  state, step, batch = _setup(rng)
+  template = jax.tree.map(jnp.copy, state)
+  for _ in range(3):
+    state, _ = step(state, batch)
+  fj.save_checkpoint(tmp_path, state, metadata={"note": "three"})
+  uninterrupted = state
+  for _ in range(2):
+    uninterrupted, _ = step(uninterrupted, batch)
+
+  restored, meta = fj.restore_checkpoint(tmp_path, template)
+  assert meta == {"note": "three"} and int(restored.step) == 3
+  for _ in range(2):
+    restored, _ = step(restored, batch)
+  for a, b in zip(_leaves(restored), _leaves(uninterrupted)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_restore_into_another_structure_is_refused(rng, tmp_path):
+  state, step, batch = _setup(rng)
+  state, _ = step(state, batch)
+  fj.save_checkpoint(tmp_path, state)
+  wider, _, _ = _setup(rng, width=16)
+  with pytest.raises(ValueError):
+    fj.restore_checkpoint(tmp_path, wider)
+  other_opt = wider.replace(opt_state=optax.sgd(0.1).init(wider.params))
+  with pytest.raises(ValueError):
+    fj.restore_checkpoint(tmp_path, other_opt)
+
+
+def test_missing_checkpoint_and_unfinished_save(rng, tmp_path):
+  state, _, _ = _setup(rng)
+  with pytest.raises(FileNotFoundError):
+    fj.restore_checkpoint(tmp_path / "nothing", state)
+  fj.save_checkpoint(tmp_path, state)
+  # A save that died midway leaves only orbax's temporary directory, which is
+  # never taken for a checkpoint.
+  os.makedirs(tmp_path / "7.orbax-checkpoint-tmp-1234")
+  assert latest_step(tmp_path) == 0

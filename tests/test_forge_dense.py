@@ -1,0 +1,236 @@
+"""ForgeDense and the fused training step against flax Dense + optax.adamw."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import rel_err
+import forge_jax as fj
+
+SCHEDULE = optax.linear_schedule(2e-2, 2e-3, 5)
+ADAMW_KW = dict(b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.1)
+
+
+class MLP(nn.Module):
+  """Two dense layers; `fused` picks ForgeDense or flax Dense."""
+
+  fused: bool = True
+  hidden: int = 37
+  out: int = 13
+  dtype: object = None
+
+  @nn.compact
+  def __call__(self, x):
+    if self.fused:
+      opt = fj.adamw(SCHEDULE, **ADAMW_KW)
+      dense = lambda f, name: fj.ForgeDense(f, optimizer=opt, dtype=self.dtype, name=name)  # noqa: E731
+    else:
+      dense = lambda f, name: nn.Dense(f, dtype=self.dtype, name=name)  # noqa: E731
+    return dense(self.out, "fc2")(nn.gelu(dense(self.hidden, "fc1")(x)))
+
+
+def _data(rng, shape=(4, 9, 21), out=13):
+  x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  y = jnp.asarray(rng.standard_normal(shape[:-1] + (out,)), jnp.float32)
+  return x, y
+
+
+def _mse(model):
+  def loss_fn(variables, batch):
+    return jnp.mean((model.apply(variables, batch[0]) - batch[1]) ** 2)
+  return loss_fn
+
+
+def _copy(tree):
+  return jax.tree.map(jnp.copy, tree)
+
+
+def test_same_parameters_and_outputs_as_flax_dense(rng):
+  x, _ = _data(rng)
+  for kw in ({}, {"use_bias": False}, {"dtype": jnp.bfloat16}):
+    ref = nn.Dense(6, **kw)
+    ours = fj.ForgeDense(6, optimizer=fj.adamw(1e-3), **kw)
+    v_ref = ref.init(jax.random.key(1), x)
+    v = ours.init(jax.random.key(1), x)
+    assert jax.tree.map(jnp.shape, v["params"]) == jax.tree.map(jnp.shape, v_ref["params"])
+    for a, b in zip(jax.tree.leaves(v["params"]), jax.tree.leaves(v_ref["params"])):
+      np.testing.assert_array_equal(a, b)  # same initializers, same rng use
+    y, y_ref = ours.apply(v, x), ref.apply(v_ref, x)
+    assert y.dtype == y_ref.dtype
+    np.testing.assert_array_equal(y, y_ref)
+  assert set(v["forge_state"]) == {"mu", "nu", "probe"}
+  assert v["forge_state"]["mu"].shape == (21, 6)
+
+
+def test_outside_a_fused_step_gradients_are_flax_dense_gradients(rng):
+  x, y = _data(rng)
+  fm, bm = MLP(fused=True), MLP(fused=False)
+  v = fm.init(jax.random.key(0), x)
+  f = lambda p, m: jnp.mean((m.apply({"params": p}, x) - y) ** 2)  # noqa: E731
+  g1 = jax.grad(f)(v["params"], fm)
+  g2 = jax.grad(f)(v["params"], bm)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("implementation,interpret", [("xla", False), ("triton", True)])
+def test_fused_training_matches_flax_dense_with_optax_adamw(rng, implementation, interpret):
+  x, y = _data(rng)
+  fm, bm = MLP(fused=True), MLP(fused=False)
+  v = fm.init(jax.random.key(0), x)
+  # Fused: ForgeDense kernels with fj.adamw in the backward, biases via optax.
+  state = fj.TrainState.create(apply_fn=fm.apply, variables=_copy(v),
+                               tx=optax.adamw(SCHEDULE, **ADAMW_KW))
+  step = fj.make_train_step(_mse(fm), implementation=implementation,
+                            interpret=interpret)
+  # Unfused: flax Dense with optax.adamw on every param.
+  tx = optax.adamw(SCHEDULE, **ADAMW_KW)
+  params = _copy(v["params"])
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def plain_step(params, opt_state):
+    g = jax.grad(lambda p: jnp.mean((bm.apply({"params": p}, x) - y) ** 2))(params)
+    u, opt_state = tx.update(g, opt_state, params)
+    return optax.apply_updates(params, u), opt_state
+
+  for _ in range(5):
+    state, metrics = step(state, (x, y))
+    params, opt_state = plain_step(params, opt_state)
+    assert bool(metrics["forge_backward_ok"])
+  assert int(state.step) == 5
+  for name in ("fc1", "fc2"):
+    assert rel_err(state.params[name]["kernel"], params[name]["kernel"]) <= 1e-5
+    assert rel_err(state.params[name]["bias"], params[name]["bias"]) <= 1e-5
+  # The fused moments are AdamW's moments of the kernel.
+  mu_ref = opt_state[0].mu["fc1"]["kernel"]
+  assert rel_err(state.forge_state["fc1"]["mu"], mu_ref) <= 1e-5
+  # The learning-rate schedule is traced: 5 steps, one compilation.
+  assert step._cache_size() == 1
+
+
+def test_bf16_compute_with_fp32_kernels(rng):
+  x, y = _data(rng)
+  fm, bm = MLP(fused=True, dtype=jnp.bfloat16), MLP(fused=False, dtype=jnp.bfloat16)
+  v = fm.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=fm.apply, variables=_copy(v),
+                               tx=optax.adamw(SCHEDULE, **ADAMW_KW))
+  state, _ = fj.make_train_step(_mse(fm), implementation="triton", interpret=True)(state, (x, y))
+  tx = optax.adamw(SCHEDULE, **ADAMW_KW)
+  g = jax.grad(lambda p: jnp.mean((bm.apply({"params": p}, x) - y) ** 2))(v["params"])
+  u, _ = tx.update(g, tx.init(v["params"]), v["params"])
+  want = optax.apply_updates(v["params"], u)
+  assert state.params["fc1"]["kernel"].dtype == jnp.float32
+  # Both paths see the same bf16 x and dY; AdamW's first step is ~lr*sign(g),
+  # so compare the update, which bf16 rounding of dY perturbs by ~1e-2.
+  du = state.params["fc1"]["kernel"] - v["params"]["fc1"]["kernel"]
+  du_ref = want["fc1"]["kernel"] - v["params"]["fc1"]["kernel"]
+  assert rel_err(du, du_ref) < 3e-2
+
+
+class Misused(nn.Module):
+  mode: str
+
+  @nn.compact
+  def __call__(self, x):
+    opt = fj.adamw(1e-2)
+    a = fj.ForgeDense(8, optimizer=opt, name="a")
+    b = fj.ForgeDense(8, optimizer=opt, name="b")
+    h = a(x)
+    if self.mode == "twice":
+      return b(b(h))
+    if self.mode == "stop_gradient":
+      return a(x) + jax.lax.stop_gradient(b(h))
+    if self.mode == "unused":
+      b(h)
+      return h
+    if self.mode == "not_called" and self.is_initializing():
+      return b(h)
+    return h
+
+
+@pytest.mark.parametrize("mode,match", [
+    ("twice", "b: its backward ran 2 times"),
+    ("stop_gradient", "b: its backward never ran"),
+    ("unused", "b: its backward never ran"),
+    ("not_called", "b: its backward never ran"),
+])
+def test_zero_or_twice_backward_is_refused_before_anything_changes(rng, mode, match):
+  model = Misused(mode)
+  x = jnp.asarray(rng.standard_normal((3, 8)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2))
+  before = jax.tree.map(np.asarray, (state.params, state.forge_state))
+  step = fj.make_train_step(lambda v, b: jnp.sum(model.apply(v, b) ** 2))
+  with pytest.raises(ValueError, match=match):
+    step(state, x)
+  # Refused at trace time: the donated state was not consumed or changed.
+  after = jax.tree.map(np.asarray, (state.params, state.forge_state))
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_closed_over_layer_in_scan_is_reported_by_the_runtime_probe(rng):
+  """A layer reused by lax.scan is traced once but runs 3 times."""
+  class Loop(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layer = fj.ForgeDense(8, optimizer=fj.adamw(1e-2), name="shared")
+      if self.is_initializing():
+        return layer(x)
+      return jax.lax.scan(lambda c, _: (layer(c), None), x, None, length=3)[0]
+
+  model = Loop()
+  x = jnp.asarray(rng.standard_normal((3, 8)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2))
+  _, metrics = fj.fused_step(state, x, lambda v, b: jnp.sum(model.apply(v, b) ** 2))
+  assert not bool(metrics["forge_backward_ok"])
+
+
+def test_bad_configuration_is_refused(rng):
+  x = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
+  with pytest.raises(TypeError, match="ForgeDense.optimizer"):
+    fj.ForgeDense(3, optimizer=optax.adamw(1e-3)).init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="implementation='cuda'"):
+    fj.ForgeDense(3, optimizer=fj.adamw(1e-3), implementation="cuda").init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="features"):
+    fj.ForgeDense(0, optimizer=fj.adamw(1e-3)).init(jax.random.key(0), x)
+
+  def fused_loss(model, variables):
+    return fj.fused_step(
+        fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1)),
+        x, lambda v, b: jnp.sum(model.apply(v, b)))
+
+  m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3), param_dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match="param_dtype=bfloat16"):
+    fused_loss(m, m.init(jax.random.key(0), x))
+  m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3), dtype=jnp.float16)
+  with pytest.raises(ValueError, match="float16"):
+    fused_loss(m, m.init(jax.random.key(0), x))
+  m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3))
+  v = m.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="has no kernel for the fused layers"):
+    fj.TrainState.create(apply_fn=m.apply, variables={"params": {}, "forge_state": v["forge_state"]}, tx=optax.sgd(0.1))
+  with pytest.raises(ValueError, match="'params'"):
+    fj.TrainState.create(apply_fn=m.apply, variables={}, tx=optax.sgd(0.1))
+  with pytest.raises(ValueError, match="gradient accumulation"):
+    fj.TrainState.create(apply_fn=m.apply, variables=v,
+                         tx=optax.MultiSteps(optax.sgd(0.1), every_k_schedule=4))
+  with pytest.raises(ValueError, match="clip_by_global_norm"):
+    fj.TrainState.create(apply_fn=m.apply, variables=v, tx=optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(1e-3)))
+  with pytest.raises(ValueError, match="clip_by_global_norm"):
+    fj.TrainState.create(apply_fn=m.apply, variables=v, tx=optax.chain(
+        optax.clip(1.0), optax.chain(optax.clip_by_global_norm(1.0)), optax.sgd(0.1)))
+  # Per-tensor clipping is fine, and the plain model may clip globally.
+  fj.TrainState.create(apply_fn=m.apply, variables=v, tx=optax.chain(
+      optax.clip_by_block_rms(1.0), optax.adamw(1e-3)))
+  fj.TrainState.create(apply_fn=m.apply, variables={"params": v["params"]},
+                       tx=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)))
+  with pytest.raises(ValueError, match="implementation='gpu'"):
+    fj.fused_step(fj.TrainState.create(apply_fn=m.apply, variables=v, tx=optax.sgd(0.1)),
+                  x, lambda v, b: jnp.sum(m.apply(v, b)), implementation="gpu")

@@ -1,0 +1,125 @@
+"""The fused weight-gradient + AdamW op against its unfused reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import ON_GPU, rel_err
+from forge_jax.rules import ADAMW
+from pallas_kernels.fused_dw import FusedDWConfig
+from pallas_kernels.fused_dw import fused_dw_update
+from pallas_kernels.fused_dw import fused_dw_update_reference
+from pallas_kernels.fused_dw import resolve_implementation
+
+# The kernel runs in interpret mode on the CPU and compiled on a GPU; the
+# compiled backend exists only where there is a GPU to compile for.
+BACKENDS = [("triton", True)] + ([("triton", False)] if ON_GPU else [])
+SMALL = FusedDWConfig(block_m=16, block_n=32, block_t=16, group_m=2,
+                      num_warps=4, num_stages=1)
+
+
+def _inputs(rng, t, d_in, d_out, dtype):
+  x = jnp.asarray(rng.standard_normal((t, d_in)), dtype)
+  dy = jnp.asarray(rng.standard_normal((t, d_out)), dtype)
+  w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.float32)
+  mu = jnp.asarray(0.1 * rng.standard_normal((d_in, d_out)), jnp.float32)
+  nu = jnp.asarray(0.1 * rng.random((d_in, d_out)), jnp.float32)
+  hp = ADAMW.pack(dict(learning_rate=rng.uniform(1e-3, 1e-1), b1=0.9, b2=0.99,
+                       eps=1e-8, weight_decay=0.1), rng.integers(1, 50))
+  return x, dy, w, (mu, nu), hp
+
+
+def _tol(dtype, t):
+  # fp32 operands accumulate in fp32 (no TF32); bf16 operands are exact
+  # products with fp32 sums, so both land near fp32 rounding of a T-term sum.
+  return 5e-6 * max(1.0, np.sqrt(t) / 8)
+
+
+@pytest.mark.parametrize("impl,interpret", BACKENDS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("t,d_in,d_out", [
+    (1, 16, 16),      # one token
+    (37, 45, 19),     # nothing a multiple of a tile
+    (64, 1, 33),      # in = 1
+    (50, 20, 1),      # out = 1
+    (129, 64, 96),    # T just past a token block; several tiles in the grid
+])
+def test_kernel_matches_reference(rng, impl, interpret, dtype, t, d_in, d_out):
+  x, dy, w, state, hp = _inputs(rng, t, d_in, d_out, dtype)
+  ref_w, ref_state = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW)
+  cfg = SMALL if interpret else None
+  new_w, new_state = jax.jit(
+      lambda *a: fused_dw_update(*a, rule=ADAMW, implementation=impl,
+                                 interpret=interpret, config=cfg))(
+                                     x, dy, w, state, hp)
+  for got, want in zip((new_w, *new_state), (ref_w, *ref_state)):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert bool(jnp.all(jnp.isfinite(got)))  # interpret mode reads NaN out of bounds
+    assert rel_err(got, want) <= _tol(dtype, t)
+
+
+def test_reference_is_dw_then_adamw(rng):
+  """The reference equals dW = xᵀdY followed by the optax-style AdamW step."""
+  x, dy, w, (mu, nu), hp = _inputs(rng, 23, 11, 7, jnp.float32)
+  lr, b1, b2, eps, wd, count = (float(v) for v in hp)
+  g = np.asarray(x, np.float64).T @ np.asarray(dy, np.float64)
+  m = b1 * np.asarray(mu, np.float64) + (1 - b1) * g
+  v = b2 * np.asarray(nu, np.float64) + (1 - b2) * g * g
+  u = (m / (1 - b1**count)) / (np.sqrt(v / (1 - b2**count)) + eps) + wd * np.asarray(w, np.float64)
+  new_w, (new_mu, new_nu) = fused_dw_update_reference(x, dy, w, (mu, nu), hp, rule=ADAMW)
+  assert rel_err(new_w, np.asarray(w, np.float64) - lr * u) < 1e-6
+  assert rel_err(new_mu, m) < 1e-6
+  assert rel_err(new_nu, v) < 1e-6
+
+
+def test_several_token_blocks_and_tiles_with_default_config(rng):
+  x, dy, w, state, hp = _inputs(rng, 200, 130, 140, jnp.float32)
+  ref = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW)
+  got = fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation="triton",
+                        interpret=True)
+  assert rel_err(got[0], ref[0]) < 1e-5
+
+
+def test_implementation_switch():
+  assert resolve_implementation("xla") == "xla"
+  assert resolve_implementation("triton") == "triton"
+  assert resolve_implementation(None) == ("triton" if ON_GPU else "xla")
+  with pytest.raises(ValueError, match="implementation='cuda'"):
+    resolve_implementation("cuda")
+
+
+def test_explicit_triton_never_falls_back(rng):
+  args = _inputs(rng, 16, 16, 16, jnp.float32)
+  if ON_GPU:
+    ref = fused_dw_update_reference(*args, rule=ADAMW)
+    got = fused_dw_update(*args, rule=ADAMW, implementation="triton")
+    assert rel_err(got[0], ref[0]) < 1e-5
+  else:
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+      fused_dw_update(*args, rule=ADAMW, implementation="triton")
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda a: {**a, "x": a["x"][None]}, "x must be 2-D"),
+    (lambda a: {**a, "dy": a["dy"][:3]}, "same number of tokens"),
+    (lambda a: {**a, "w": a["w"].T}, "w must have shape"),
+    (lambda a: {**a, "x": a["x"].astype(jnp.float16)}, "x.dtype=float16"),
+    (lambda a: {**a, "dy": a["dy"].astype(jnp.bfloat16)}, "must match"),
+    (lambda a: {**a, "w": a["w"].astype(jnp.bfloat16)}, "w.dtype=bfloat16"),
+    (lambda a: {**a, "state": a["state"][:1]}, "state must hold 2"),
+    (lambda a: {**a, "state": (a["state"][0][:, :2], a["state"][1])}, "state 'mu'"),
+    (lambda a: {**a, "hparams": a["hparams"][:3]}, "hparams must be float32"),
+])
+def test_bad_input_is_refused(rng, change, match):
+  x, dy, w, state, hp = _inputs(rng, 8, 6, 5, jnp.float32)
+  args = change(dict(x=x, dy=dy, w=w, state=state, hparams=hp))
+  with pytest.raises(ValueError, match=match):
+    fused_dw_update(**args, rule=ADAMW, implementation="xla")
+
+
+@pytest.mark.parametrize("field,value", [("block_m", 24), ("block_t", 8),
+                                         ("num_warps", 0)])
+def test_bad_config_is_refused(field, value):
+  with pytest.raises(ValueError, match=field):
+    FusedDWConfig(**{field: value})

@@ -1,0 +1,468 @@
+"""Tests for forge_jax.models.llama (CPU, fast).
+
+XLA compiles dominate the run time on a small CPU box, so parameter counting
+and module-structure checks use ``jax.eval_shape`` (tracing only), and the
+tests that do compute share one initialized TINY model.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import forge_jax.models as models
+from forge_jax.models import llama
+from forge_jax.models.llama import (
+    PRESETS,
+    Attention,
+    Llama,
+    LlamaConfig,
+    apply_rotary_embedding,
+    cross_entropy_loss,
+    get_config,
+    num_params,
+)
+
+TINY = LlamaConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4,
+                   n_kv_heads=2, ffn_dim=48, max_seq_len=32)
+
+PROJ_NAMES = [("attn", "q_proj"), ("attn", "k_proj"), ("attn", "v_proj"),
+              ("attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"),
+              ("mlp", "down_proj")]
+
+
+def _tokens(cfg, batch=2, seq=16, seed=0):
+  return jax.random.randint(jax.random.PRNGKey(seed), (batch, seq), 0,
+                            cfg.vocab_size, dtype=jnp.int32)
+
+
+def _abstract_init(cfg, seq=4, **kw):
+  """Variables of Llama(cfg, **kw) as ShapeDtypeStructs (no compile)."""
+  return jax.eval_shape(
+      lambda: Llama(cfg, **kw).init(jax.random.PRNGKey(0),
+                                    jnp.zeros((1, seq), jnp.int32)))
+
+
+def _count(tree):
+  return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _paths(tree):
+  return {tuple(k.key for k in path)
+          for path, _ in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """(tokens, params, logits) of the shared TINY model."""
+  tokens = _tokens(TINY)
+  params = jax.jit(Llama(TINY).init)(jax.random.PRNGKey(1), tokens)["params"]
+  apply = jax.jit(lambda p, t: Llama(TINY).apply({"params": p}, t))
+  return tokens, params, apply
+
+
+# --------------------------------------------------------------------------
+# Shapes, dtypes, init, causality
+# --------------------------------------------------------------------------
+
+
+def test_output_shape_and_dtype_fp32(tiny):
+  tokens, params, apply = tiny
+  logits = apply(params, tokens)
+  assert logits.shape == (2, 16, TINY.vocab_size)
+  assert logits.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_output_shape_and_dtype_bf16_tied(tiny):
+  _, params, _ = tiny
+  cfg = dataclasses.replace(TINY, dtype=jnp.bfloat16, tie_embeddings=True)
+  tied = {k: v for k, v in params.items() if k != "lm_head"}
+  assert _paths(tied) == _paths(_abstract_init(cfg)["params"])
+  tokens = _tokens(cfg, batch=3, seq=10)
+  logits = jax.jit(Llama(cfg).apply)({"params": tied}, tokens)
+  assert logits.shape == (3, 10, cfg.vocab_size)
+  assert logits.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(logits)))
+  # Tied head: logits = h @ embedding.T, so they differ from the untied model.
+  untied = jax.jit(Llama(TINY).apply)({"params": params}, tokens)
+  assert not np.allclose(logits, untied, atol=1e-2)
+
+
+def test_param_dtype():
+  cfg = dataclasses.replace(TINY, param_dtype=jnp.bfloat16)
+  leaves = jax.tree_util.tree_leaves(_abstract_init(cfg)["params"])
+  assert leaves and all(x.dtype == jnp.bfloat16 for x in leaves)
+
+
+def test_init_scales(tiny):
+  _, params, _ = tiny
+  layer = params["layers_0"]
+  np.testing.assert_array_equal(layer["attn_norm"]["scale"], 1.0)
+  np.testing.assert_array_equal(layer["mlp_norm"]["scale"], 1.0)
+  np.testing.assert_array_equal(params["norm"]["scale"], 1.0)
+  std = lambda x: float(np.std(np.asarray(x)))
+  assert 0.017 < std(params["embed"]["embedding"]) < 0.023
+  assert 0.017 < std(params["lm_head"]["kernel"]) < 0.023
+  for name in ("q_proj", "k_proj", "v_proj"):
+    assert 0.015 < std(layer["attn"][name]["kernel"]) < 0.025
+  assert 0.015 < std(layer["mlp"]["gate_proj"]["kernel"]) < 0.025
+  # o_proj / down_proj: 0.02 / sqrt(2 * n_layers) = 0.01.
+  assert 0.0075 < std(layer["attn"]["o_proj"]["kernel"]) < 0.0125
+  assert 0.0075 < std(layer["mlp"]["down_proj"]["kernel"]) < 0.0125
+
+
+def test_causality(tiny):
+  tokens, params, apply = tiny
+  t = 9
+  changed = tokens.at[:, t].set((tokens[:, t] + 1) % TINY.vocab_size)
+  a, b = np.asarray(apply(params, tokens)), np.asarray(apply(params, changed))
+  np.testing.assert_array_equal(a[:, :t], b[:, :t])  # bit-identical
+  assert not np.allclose(a[:, t], b[:, t])
+  assert not np.allclose(a[:, -1], b[:, -1])  # later positions see it
+
+
+def test_bad_tokens_raise():
+  cfg = dataclasses.replace(TINY, max_seq_len=8)
+  with pytest.raises(ValueError, match="max_seq_len"):
+    _abstract_init(cfg, seq=9)
+  _abstract_init(cfg, seq=8)  # the limit itself is fine
+  with pytest.raises(ValueError, match="tokens"):
+    jax.eval_shape(lambda: Llama(cfg).init(jax.random.PRNGKey(0),
+                                           jnp.zeros((4,), jnp.int32)))
+
+
+# --------------------------------------------------------------------------
+# Parameter counting, presets, config validation
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"tie_embeddings": True},
+    {"n_kv_heads": 1},                      # multi-query
+    {"n_kv_heads": 4},                      # multi-head
+    {"n_heads": 2, "n_kv_heads": 2, "ffn_dim": 17, "n_layers": 3,
+     "tie_embeddings": True},
+    {"remat": True},
+])
+def test_num_params_matches_param_tree(overrides):
+  cfg = dataclasses.replace(TINY, **overrides)
+  assert num_params(cfg) == _count(_abstract_init(cfg)["params"])
+
+
+def test_num_params_matches_initialized_params(tiny):
+  _, params, _ = tiny
+  leaves = jax.tree_util.tree_leaves(params)
+  assert num_params(TINY) == sum(x.size for x in leaves)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_num_params_match_shapes(name):
+  cfg = PRESETS[name]
+  assert num_params(cfg) == _count(_abstract_init(cfg)["params"])
+
+
+def test_preset_sizes_and_overrides():
+  assert PRESETS["cpu-tiny"].vocab_size == 256
+  assert 55e6 <= num_params(PRESETS["60m"]) <= 65e6
+  assert 120e6 <= num_params(PRESETS["130m"]) <= 140e6
+  base = PRESETS["60m"]
+  cfg = dataclasses.replace(base, vocab_size=32000)
+  assert cfg.vocab_size == 32000 and cfg.d_model == base.d_model
+  assert get_config("60m", vocab_size=32000) == cfg
+  embed_params = (1 if base.tie_embeddings else 2) * base.d_model
+  assert num_params(base) - num_params(cfg) == (50257 - 32000) * embed_params
+  with pytest.raises(KeyError):
+    get_config("nope")
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"n_kv_heads": 3}, "n_kv_heads"),          # 4 % 3 != 0
+    ({"d_model": 30}, "d_model"),               # 30 % 4 != 0
+    ({"d_model": 36}, "head dim"),              # head dim 9 is odd (RoPE)
+    ({"n_layers": 0}, "n_layers"),
+    ({"vocab_size": -1}, "vocab_size"),
+    ({"ffn_dim": 2.5}, "ffn_dim"),
+])
+def test_bad_config_raises(overrides, field):
+  with pytest.raises(ValueError, match=field):
+    dataclasses.replace(TINY, **overrides)
+  with pytest.raises(ValueError, match=field):
+    get_config("cpu-tiny", **overrides)
+
+
+def test_config_is_frozen():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    TINY.d_model = 64  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------
+# RMSNorm and MLP against numpy references
+# --------------------------------------------------------------------------
+
+
+def test_rmsnorm_and_swiglu_mlp_match_numpy():
+  cfg = dataclasses.replace(TINY, norm_eps=1e-2)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, cfg.d_model))
+  scale = 1.0 + jax.random.normal(jax.random.PRNGKey(1), (cfg.d_model,))
+  norm = llama.RMSNorm(eps=cfg.norm_eps, dtype=jnp.bfloat16)
+  mlp = llama.MLP(cfg)
+
+  @jax.jit
+  def run(x, scale):
+    y_norm = norm.apply({"params": {"scale": scale}}, x)
+    mlp_params = mlp.init(jax.random.PRNGKey(2), x)["params"]
+    return y_norm, mlp_params, mlp.apply({"params": mlp_params}, x)
+
+  y_norm, mlp_params, y_mlp = run(x, scale)
+  xn = np.asarray(x, np.float64)
+  rms = np.sqrt(np.mean(xn**2, -1, keepdims=True) + 1e-2)
+  ref = xn / rms * np.asarray(scale)
+  assert y_norm.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(y_norm, np.float64), ref,
+                             rtol=1e-2, atol=1e-2)
+  w = {k: np.asarray(v["kernel"], np.float64) for k, v in mlp_params.items()}
+  assert set(w) == {"gate_proj", "up_proj", "down_proj"}
+  gate, up = xn @ w["gate_proj"], xn @ w["up_proj"]
+  ref_mlp = (gate / (1.0 + np.exp(-gate)) * up) @ w["down_proj"]
+  np.testing.assert_allclose(np.asarray(y_mlp), ref_mlp, rtol=1e-4, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# Attention: RoPE and GQA
+# --------------------------------------------------------------------------
+
+
+def _np_rope(x, theta):
+  """Independent numpy RoPE on (S, N, Dh); pairs (i, i + Dh/2)."""
+  s, _, dh = x.shape
+  half = dh // 2
+  out = np.empty_like(x)
+  for p in range(s):
+    for i in range(half):
+      ang = p * theta ** (-2.0 * i / dh)
+      c, sn = np.cos(ang), np.sin(ang)
+      a, b = x[p, :, i], x[p, :, i + half]
+      out[p, :, i] = a * c - b * sn
+      out[p, :, i + half] = b * c + a * sn
+  return out
+
+
+def test_rope_properties():
+  dh = 16
+  q = jax.random.normal(jax.random.PRNGKey(0), (1, 1, 1, dh))
+  k = jax.random.normal(jax.random.PRNGKey(1), (1, 1, 1, dh))
+
+  @jax.jit
+  def dots(ms, ns):  # <rope(q, m), rope(k, n)> for each pair
+    qm = apply_rotary_embedding(jnp.broadcast_to(q, (1, 4, 1, dh)), ms)
+    kn = apply_rotary_embedding(jnp.broadcast_to(k, (1, 4, 1, dh)), ns)
+    return (jnp.sum(qm * kn, axis=-1)[0, :, 0],
+            jnp.linalg.norm(qm[0, :, 0], axis=-1))
+
+  d, norms = dots(jnp.array([3, 12, 3, 0]), jnp.array([1, 10, 2, 0]))
+  np.testing.assert_allclose(d[0], d[1], rtol=1e-5, atol=1e-5)  # only m - n
+  assert abs(d[0] - d[2]) > 1e-3
+  np.testing.assert_allclose(d[3], jnp.sum(q * k), rtol=1e-6)  # pos 0 = id
+  np.testing.assert_allclose(norms, jnp.linalg.norm(q), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_attention_matches_per_head_reference(n_kv_heads):
+  cfg = dataclasses.replace(TINY, n_kv_heads=n_kv_heads, rope_theta=500000.0)
+  b, s, d = 2, 7, cfg.d_model
+  h, hd = cfg.n_heads, cfg.head_dim
+  x = jax.random.normal(jax.random.PRNGKey(0), (b, s, d))
+  attn = Attention(cfg)
+
+  @jax.jit
+  def init_apply(key, x):
+    variables = attn.init(key, x)
+    return variables["params"], attn.apply(variables, x)
+
+  params, got = init_apply(jax.random.PRNGKey(1), x)
+  w = {k: np.asarray(v["kernel"], np.float64) for k, v in params.items()}
+  xn = np.asarray(x, np.float64)
+  ref = np.zeros((b, s, d))
+  for bi in range(b):
+    q = _np_rope((xn[bi] @ w["q_proj"]).reshape(s, h, hd), cfg.rope_theta)
+    k = _np_rope((xn[bi] @ w["k_proj"]).reshape(s, n_kv_heads, hd),
+                 cfg.rope_theta)
+    v = (xn[bi] @ w["v_proj"]).reshape(s, n_kv_heads, hd)
+    heads = []
+    for hi in range(h):
+      kv = hi // (h // n_kv_heads)  # query head -> its kv group
+      scores = q[:, hi] @ k[:, kv].T / np.sqrt(hd)
+      scores[np.triu_indices(s, 1)] = -np.inf
+      p = np.exp(scores - scores.max(-1, keepdims=True))
+      p /= p.sum(-1, keepdims=True)
+      heads.append(p @ v[:, kv])
+    ref[bi] = np.concatenate(heads, axis=-1) @ w["o_proj"]
+  np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_gqa_equals_mha_with_repeated_kv_weights(tiny):
+  tokens, params, apply = tiny
+  gqa = TINY
+  mha = dataclasses.replace(gqa, n_kv_heads=gqa.n_heads)
+  hd, rep = gqa.head_dim, gqa.n_rep
+  assert rep == 2
+
+  def expand(kernel):  # (D, K*hd) -> (D, H*hd): kv head j feeds heads j*rep..
+    d = kernel.shape[0]
+    return jnp.repeat(kernel.reshape(d, gqa.n_kv_heads, hd), rep,
+                      axis=1).reshape(d, gqa.n_heads * hd)
+
+  mha_params = jax.tree_util.tree_map(lambda x: x, params)  # copy the dicts
+  for i in range(gqa.n_layers):
+    attn = mha_params[f"layers_{i}"]["attn"]
+    for name in ("k_proj", "v_proj"):
+      attn[name] = {"kernel": expand(attn[name]["kernel"])}
+  assert _count(mha_params) == num_params(mha)
+  out_mha = jax.jit(Llama(mha).apply)({"params": mha_params}, tokens)
+  np.testing.assert_allclose(apply(params, tokens), out_mha,
+                             rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# dense_cls hook
+# --------------------------------------------------------------------------
+
+
+class TaggedDense(nn.Dense):
+  """nn.Dense that leaves a marker variable and logs (path, input rank)."""
+
+  calls = []  # filled at trace time
+
+  @nn.compact
+  def __call__(self, inputs):
+    self.variable("tags", "hit", lambda: jnp.ones((), jnp.int32))
+    TaggedDense.calls.append((tuple(self.scope.path), inputs.ndim))
+    return super().__call__(inputs)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_dense_cls_used_for_exactly_the_projections(tie):
+  cfg = dataclasses.replace(TINY, n_layers=3, tie_embeddings=tie)
+  TaggedDense.calls = []
+  variables = _abstract_init(cfg, dense_cls=TaggedDense)
+
+  expected = {(f"layers_{i}",) + n for i in range(cfg.n_layers)
+              for n in PROJ_NAMES}
+  tagged = {p[:-1] for p in _paths(variables["tags"])}
+  assert tagged == expected
+  called = [path for path, _ in TaggedDense.calls]
+  assert len(called) == 7 * cfg.n_layers and set(called) == expected
+  assert {ndim for _, ndim in TaggedDense.calls} == {3}  # (B, S, d) inputs
+  assert ("lm_head" in variables["params"]) == (not tie)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(variables["params"]):
+    if path[-1].key == "kernel":
+      assert leaf.ndim == 2, path  # (in, out), no DenseGeneral
+
+
+def test_dense_cls_is_drop_in(tiny):
+  tokens, params, apply = tiny
+  got, state = jax.jit(
+      lambda p, t: Llama(TINY, dense_cls=TaggedDense).apply(
+          {"params": p}, t, mutable=["tags"]))(params, tokens)
+  assert len(jax.tree_util.tree_leaves(state["tags"])) == 7 * TINY.n_layers
+  np.testing.assert_array_equal(got, apply(params, tokens))
+
+
+def test_dense_cls_is_on_the_forward_path(tiny):
+  tokens, params, apply = tiny
+
+  class HalfDense(nn.Dense):
+    def __call__(self, inputs):
+      return 0.5 * super().__call__(inputs)
+
+  assert _paths(params) == _paths(
+      _abstract_init(TINY, dense_cls=HalfDense)["params"])
+  got = jax.jit(Llama(TINY, dense_cls=HalfDense).apply)(
+      {"params": params}, tokens)
+  assert not np.allclose(got, apply(params, tokens))
+
+
+# --------------------------------------------------------------------------
+# remat, loss, training
+# --------------------------------------------------------------------------
+
+
+def _loss_fn(cfg, tokens):
+  return lambda p: cross_entropy_loss(
+      Llama(cfg).apply({"params": p}, tokens[:, :-1]), tokens[:, 1:])
+
+
+def test_remat_same_loss_and_grads(tiny):
+  tokens, params, _ = tiny
+  cfg_r = dataclasses.replace(TINY, remat=True)
+  assert _paths(params) == _paths(_abstract_init(cfg_r)["params"])
+
+  @jax.jit  # one compile for both variants
+  def both(p):
+    return (jax.value_and_grad(_loss_fn(TINY, tokens))(p),
+            jax.value_and_grad(_loss_fn(cfg_r, tokens))(p))
+
+  (loss, grads), (loss_r, grads_r) = both(params)
+  np.testing.assert_allclose(loss_r, loss, rtol=1e-6, atol=1e-7)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+      grads_r, grads)
+  assert all(float(jnp.abs(g).max()) > 0
+             for g in jax.tree_util.tree_leaves(grads))
+
+  def prims(cfg):
+    jaxpr = jax.make_jaxpr(jax.grad(_loss_fn(cfg, tokens)))(params)
+    return {e.primitive.name for e in jaxpr.jaxpr.eqns}
+
+  remat_prims = {"remat", "remat2", "checkpoint"}
+  assert prims(cfg_r) & remat_prims
+  assert not prims(TINY) & remat_prims
+
+
+def test_cross_entropy_loss():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
+  targets = rng.integers(0, 7, size=(2, 5)).astype(np.int32)
+  loss = jax.jit(cross_entropy_loss)(jnp.asarray(logits, jnp.bfloat16),
+                                     jnp.asarray(targets))
+  assert loss.shape == () and loss.dtype == jnp.float32
+  x = np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float64)
+  lp = x - x.max(-1, keepdims=True)
+  lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+  ref = -np.mean(np.take_along_axis(lp, targets[..., None], -1))
+  np.testing.assert_allclose(loss, ref, rtol=1e-5)
+
+
+def test_adamw_reduces_loss_on_repeated_sequence(tiny):
+  _, params, _ = tiny
+  pattern = jnp.array([3, 14, 15, 9, 2, 6, 5, 35], jnp.int32)
+  tokens = jnp.tile(pattern, (2, 3))  # (2, 24): a short repeated sequence
+  opt = optax.adamw(1e-2, weight_decay=0.01)
+  loss_fn = _loss_fn(TINY, tokens)
+
+  @jax.jit
+  def step(p, s):
+    loss, g = jax.value_and_grad(loss_fn)(p)
+    updates, s = opt.update(g, s, p)
+    return optax.apply_updates(p, updates), s, loss
+
+  opt_state = opt.init(params)
+  losses = []
+  for _ in range(25):
+    params, opt_state, loss = step(params, opt_state)
+    losses.append(float(loss))
+  assert np.isfinite(losses).all()
+  assert losses[0] > 0.9 * np.log(TINY.vocab_size)  # ~uniform at init
+  assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_public_api_exports():
+  for name in models.__all__:
+    assert getattr(models, name) is getattr(llama, name)
+  assert set(models.__all__) <= set(llama.__all__)
