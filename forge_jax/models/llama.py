@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Dict
 
@@ -280,6 +281,14 @@ def _normal(std: float) -> Callable[..., jax.Array]:
   return nn.initializers.normal(stddev=std)
 
 
+def _projection(dense_cls, cfg: LlamaConfig, features: int, name: str,
+                std: float = INIT_STD) -> nn.Module:
+  """A bias-free projection built by ``dense_cls`` (flax Dense or ForgeDense)."""
+  return dense_cls(features=features, use_bias=False, dtype=cfg.dtype,
+                   param_dtype=cfg.param_dtype, kernel_init=_normal(std),
+                   name=name)
+
+
 class Attention(nn.Module):
   """Causal grouped-query self-attention with RoPE.
 
@@ -307,10 +316,7 @@ class Attention(nn.Module):
     b, s, _ = x.shape
     h, k_heads, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
 
-    def dense(features, name, std=INIT_STD):
-      return self.dense_cls(features=features, use_bias=False,
-                            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            kernel_init=_normal(std), name=name)
+    dense = functools.partial(_projection, self.dense_cls, cfg)
 
     q = dense(h * hd, "q_proj")(x).reshape(b, s, h, hd)
     k = dense(k_heads * hd, "k_proj")(x).reshape(b, s, k_heads, hd)
@@ -362,10 +368,7 @@ class MLP(nn.Module):
     """
     cfg = self.config
 
-    def dense(features, name, std=INIT_STD):
-      return self.dense_cls(features=features, use_bias=False,
-                            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            kernel_init=_normal(std), name=name)
+    dense = functools.partial(_projection, self.dense_cls, cfg)
 
     gate = dense(cfg.ffn_dim, "gate_proj")(x)
     up = dense(cfg.ffn_dim, "up_proj")(x)
