@@ -62,7 +62,9 @@ def test_kernel_matches_reference(rng, impl, interpret, dtype, t, d_in, d_out):
 def test_reference_is_dw_then_adamw(rng):
   """The reference equals dW = xᵀdY followed by the optax-style AdamW step."""
   x, dy, w, (mu, nu), hp = _inputs(rng, 23, 11, 7, jnp.float32)
-  lr, b1, b2, eps, wd, count = (float(v) for v in hp)
+  named, count = ADAMW.unpack(hp)
+  lr, b1, b2, eps, wd = (float(named[n]) for n in ADAMW.hyperparam_names)
+  count = float(count)
   g = np.asarray(x, np.float64).T @ np.asarray(dy, np.float64)
   m = b1 * np.asarray(mu, np.float64) + (1 - b1) * g
   v = b2 * np.asarray(nu, np.float64) + (1 - b2) * g * g

@@ -43,19 +43,26 @@ class ElementwiseRule:
     name: short name, e.g. ``'adamw'``.
     state_names: names of the per-element state arrays, in order (optax
       names: ``('mu', 'nu')`` for Adam). Each has the parameter's shape.
-    hyperparam_names: names of the scalar hyperparameters, in order. The first
-      is always ``'learning_rate'``.
+    hyperparam_names: names of the user-facing scalar hyperparameters, in
+      order. The first is always ``'learning_rate'``.
+    derived: name -> function of the raw hyperparameter mapping, for
+      constants worth computing before the fp32 cast (``1 - b2`` in double
+      precision when ``b2`` is a Python float, as optax computes it).
     direction: ``direction(grad, param, state, hyperparams, count) ->
       (direction, new_state)``; all arrays fp32 of one shape, ``state`` a tuple
       ordered like ``state_names``, ``hyperparams`` a mapping from
-      ``hyperparam_names`` to fp32 scalars, ``count`` the fp32 step count
-      after increment (1 at the first step).
+      ``packed_names`` to fp32 scalars, ``count`` the fp32 step count after
+      increment (1 at the first step).
+    check: validates concrete hyperparameter values; raises ValueError naming
+      the offending one.
   """
 
   name: str
   state_names: tuple[str, ...]
   hyperparam_names: tuple[str, ...]
   direction: DirectionFn
+  derived: tuple[tuple[str, Callable[[Mapping[str, Any]], Any]], ...] = ()
+  check: Callable[[Mapping[str, Any]], None] = lambda hp: None
 
   def __post_init__(self):
     if not self.hyperparam_names or self.hyperparam_names[0] != LEARNING_RATE:
@@ -63,9 +70,14 @@ class ElementwiseRule:
           f"{self.hyperparam_names=} must start with {LEARNING_RATE!r}")
 
   @property
+  def packed_names(self) -> tuple[str, ...]:
+    """Hyperparameters followed by the derived constants."""
+    return self.hyperparam_names + tuple(n for n, _ in self.derived)
+
+  @property
   def num_hyperparams(self) -> int:
-    """Length of the packed hyperparameter vector (hyperparameters + count)."""
-    return len(self.hyperparam_names) + 1
+    """Length of the packed vector ``[*packed_names, count]``."""
+    return len(self.packed_names) + 1
 
   def update(
       self,
@@ -81,28 +93,65 @@ class ElementwiseRule:
     new_param = param + direction * (-hyperparams[LEARNING_RATE])
     return new_param, new_state
 
-  def unpack(self, hparams: Array | Sequence[Array]):
-    """Splits a packed vector ``[*hyperparams, count]`` into (mapping, count)."""
-    values = [hparams[i] for i in range(self.num_hyperparams)]
-    return dict(zip(self.hyperparam_names, values[:-1])), values[-1]
-
-  def pack(self, hyperparams: Mapping[str, Any], count: Any) -> Array:
-    """Packs hyperparameters and the step count into one fp32 vector.
+  def hyperparams_f32(self, raw: Mapping[str, Any]) -> dict[str, Array]:
+    """fp32 scalars for ``packed_names`` from raw values (floats or arrays).
 
     Raises:
-      ValueError: if a hyperparameter is missing or not a scalar.
+      ValueError: if a hyperparameter is missing, not a real scalar, or out
+        of range (``check``).
     """
-    missing = [n for n in self.hyperparam_names if n not in hyperparams]
+    missing = [n for n in self.hyperparam_names if n not in raw]
     if missing:
       raise ValueError(f"hyperparams is missing {missing} for rule {self.name!r}")
-    values = []
+    out = {}
     for n in self.hyperparam_names:
-      v = jnp.asarray(hyperparams[n], jnp.float32)
-      if v.ndim != 0:
-        raise ValueError(f"hyperparameter {n!r} must be a scalar, got {v.shape=}")
-      values.append(v)
-    values.append(jnp.asarray(count, jnp.float32))
-    return jnp.stack(values)
+      out[n] = _real_scalar(n, raw[n])
+    concrete = {n: v for n, v in raw.items() if not isinstance(v, jax.core.Tracer)}
+    self.check(concrete)
+    for n, fn in self.derived:
+      out[n] = jnp.asarray(fn(raw), jnp.float32)
+    return out
+
+  def unpack(self, hparams: Array | Sequence[Array]):
+    """Splits a packed vector ``[*packed_names, count]`` into (mapping, count)."""
+    values = [hparams[i] for i in range(self.num_hyperparams)]
+    return dict(zip(self.packed_names, values[:-1])), values[-1]
+
+  def pack(self, hyperparams: Mapping[str, Any], count: Any) -> Array:
+    """Packs hyperparameters, derived constants and the step count (fp32).
+
+    Raises:
+      ValueError: as :meth:`hyperparams_f32`.
+    """
+    hp = self.hyperparams_f32(hyperparams)
+    return jnp.stack([hp[n] for n in self.packed_names]
+                     + [jnp.asarray(count, jnp.float32)])
+
+
+def _real_scalar(name: str, value: Any) -> Array:
+  if value is None or callable(value):
+    raise ValueError(f"hyperparameter {name!r} must be a real scalar, got "
+                     f"{type(value).__name__}")
+  try:
+    v = jnp.asarray(value)
+  except TypeError as e:
+    raise ValueError(f"hyperparameter {name!r} must be a real scalar, got "
+                     f"{type(value).__name__}") from e
+  if v.ndim != 0:
+    raise ValueError(f"hyperparameter {name!r} must be a scalar, got {v.shape=}")
+  if not (jnp.issubdtype(v.dtype, jnp.floating)
+          or jnp.issubdtype(v.dtype, jnp.integer)):
+    raise ValueError(f"hyperparameter {name!r} must be real, got {v.dtype}")
+  return v.astype(jnp.float32)
+
+
+def _check_adam(hp: Mapping[str, Any]) -> None:
+  for n in ("b1", "b2"):
+    if n in hp and not 0.0 <= float(hp[n]) < 1.0:
+      raise ValueError(f"{n}={float(hp[n])} must be in [0, 1)")
+  for n in ("eps", "weight_decay"):
+    if n in hp and not float(hp[n]) >= 0.0:
+      raise ValueError(f"{n}={float(hp[n])} must be >= 0")
 
 
 def _adamw_direction(grad, param, state, hp, count):
@@ -113,8 +162,8 @@ def _adamw_direction(grad, param, state, hp, count):
   """
   mu, nu = state
   b1, b2 = hp["b1"], hp["b2"]
-  mu = (1 - b1) * grad + b1 * mu
-  nu = (1 - b2) * (grad * grad) + b2 * nu
+  mu = hp["one_minus_b1"] * grad + b1 * mu
+  nu = hp["one_minus_b2"] * (grad * grad) + b2 * nu
   mu_hat = mu / (1 - b1**count)
   nu_hat = nu / (1 - b2**count)
   direction = mu_hat / (jnp.sqrt(nu_hat) + hp["eps"]) + hp["weight_decay"] * param
@@ -126,4 +175,8 @@ ADAMW = ElementwiseRule(
     state_names=("mu", "nu"),
     hyperparam_names=("learning_rate", "b1", "b2", "eps", "weight_decay"),
     direction=_adamw_direction,
+    # optax computes (1 - b) from the Python float, in double precision.
+    derived=(("one_minus_b1", lambda hp: 1 - hp["b1"]),
+             ("one_minus_b2", lambda hp: 1 - hp["b2"])),
+    check=_check_adam,
 )

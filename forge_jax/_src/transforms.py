@@ -67,31 +67,30 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
     """``rule.hyperparam_names`` -> float or schedule of the step count."""
     return self.update.hyperparams
 
-  def hyperparams_at(self, step: jax.Array) -> dict[str, jax.Array]:
-    """fp32 hyperparameter values at ``step`` (0 for the first update).
+  def hyperparams_at(self, step: jax.Array) -> dict[str, Any]:
+    """Hyperparameter values at ``step`` (0 for the first update).
 
     Schedules are evaluated at ``step`` as optax's ``scale_by_learning_rate``
     evaluates them at its own count.
     """
-    return {n: jnp.asarray(v(step) if callable(v) else v, jnp.float32)
-            for n, v in self.hyperparams.items()}
+    return {n: v(step) if callable(v) else v for n, v in self.hyperparams.items()}
 
   def packed_hyperparams(self, step: jax.Array) -> jax.Array:
-    """``[*hyperparams_at(step), step + 1]`` as one fp32 vector."""
+    """``rule.pack(hyperparams_at(step), step + 1)``: one fp32 vector."""
     return self.rule.pack(self.hyperparams_at(step), jnp.asarray(step) + 1)
 
 
-def _as_float(name: str, value: Any) -> Any:
-  if callable(value):
-    return value
-  try:
-    arr = jnp.asarray(value)
-  except TypeError as e:
-    raise TypeError(f"{name} must be a number, an array scalar or a schedule, "
-                    f"got {type(value).__name__}") from e
-  if arr.ndim != 0:
-    raise ValueError(f"{name} must be a scalar, got shape {arr.shape}")
-  return value
+def _validate(rule: rules_lib.ElementwiseRule, hyperparams: Mapping[str, Any]):
+  """Checks hyperparameters once, at construction (schedules at step 0).
+
+  Only the learning rate may be a schedule.
+  """
+  for n, v in hyperparams.items():
+    if callable(v) and n != rules_lib.LEARNING_RATE:
+      raise ValueError(f"{n} must be a number, not a schedule (only "
+                       "learning_rate may be a schedule)")
+  rule.hyperparams_f32({n: v(0) if callable(v) else v
+                        for n, v in hyperparams.items()})
 
 
 class ScaleByAdamWState(NamedTuple):
@@ -134,10 +133,10 @@ def scale_by_adamw(
     Loshchilov & Hutter, Decoupled Weight Decay Regularization,
     https://arxiv.org/abs/1711.05101
   """
-  hp = {"b1": b1, "b2": b2, "eps": eps, "weight_decay": weight_decay}
-  for n, v in hp.items():
-    _as_float(n, v)
   rule = rules_lib.ADAMW
+  hp = {"learning_rate": 0.0, "b1": b1, "b2": b2, "eps": eps,
+        "weight_decay": weight_decay}
+  _validate(rule, hp)
 
   def init_fn(params):
     zeros = lambda p: jnp.zeros(jnp.shape(p), jnp.float32)  # noqa: E731
@@ -151,8 +150,7 @@ def scale_by_adamw(
       raise ValueError("scale_by_adamw needs params (for weight decay): call "
                        "update(updates, state, params)")
     count = optax.safe_increment(state.count)
-    hpv = {n: jnp.asarray(v, jnp.float32) for n, v in hp.items()}
-    hpv[rules_lib.LEARNING_RATE] = jnp.zeros([], jnp.float32)
+    hpv = rule.hyperparams_f32(hp)
     count_f = count.astype(jnp.float32)
 
     def leaf(g, p, mu, nu):
@@ -197,11 +195,10 @@ def adamw(
     >>> state = tx.init(params)
     >>> updates, state = tx.update({'w': jnp.ones(3)}, state, params)
   """
-  _as_float("learning_rate", learning_rate)
+  hp = {"learning_rate": learning_rate, "b1": b1, "b2": b2, "eps": eps,
+        "weight_decay": weight_decay}
+  _validate(rules_lib.ADAMW, hp)
   tx = optax.chain(
       scale_by_adamw(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
       optax.scale_by_learning_rate(learning_rate))
-  return ForgeTransformation.create(
-      tx, rules_lib.ADAMW,
-      {"learning_rate": learning_rate, "b1": b1, "b2": b2, "eps": eps,
-       "weight_decay": weight_decay})
+  return ForgeTransformation.create(tx, rules_lib.ADAMW, hp)
