@@ -104,6 +104,10 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
       raise ValueError(f"{name}={getattr(cfg, name)} must be positive")
   if cfg.dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={cfg.dtype!r} must be 'float32' or 'bfloat16'")
+  if cfg.stop_at is not None and cfg.stop_at < 1:
+    raise ValueError(f"stop_at={cfg.stop_at} must be >= 1")
+  if not cfg.learning_rate > 0:
+    raise ValueError(f"learning_rate={cfg.learning_rate} must be > 0")
   return cfg
 
 
@@ -200,12 +204,19 @@ def main(cfg: TrainConfig) -> dict:
                               cache_dir=cfg.cache_dir)
   data = data_lib.tokenize_corpus(text, tokenizer, val_fraction=cfg.val_fraction,
                                   cache_dir=cfg.cache_dir)
+  # Fail now, not at the first evaluation, if a split is too short.
+  data.train_batch(0, cfg.batch_size, cfg.seq_len, cfg.seed)
+  next(iter(data.val_batches(cfg.batch_size, cfg.seq_len, 1)))
   model, mcfg, state, step_fn, eval_loss = build(cfg, tokenizer.vocab_size)
   n_params = llama.num_params(mcfg)
   fused_layers = len(fj.fused_kernel_paths(state.forge_state))
   records: list[dict] = []
   start = 0
   metrics_path = os.path.join(cfg.out, "metrics.json")
+  if not cfg.resume and fj.latest_checkpoint_step(ckpt_dir) is not None:
+    raise FileExistsError(
+        f"{ckpt_dir!r} holds checkpoints of an earlier run: pass --resume to "
+        "continue it, or choose another --out")
   if cfg.resume:
     state, meta = fj.restore_checkpoint(ckpt_dir, state)
     start = int(state.step)
@@ -217,7 +228,7 @@ def main(cfg: TrainConfig) -> dict:
         records = [r for r in json.load(f)["records"] if r["step"] <= start]
   header = {
       "config": dataclasses.asdict(cfg),
-      "model": {k: str(v) if k in ("dtype", "param_dtype") else v
+      "model": {k: jnp.dtype(v).name if k in ("dtype", "param_dtype") else v
                 for k, v in dataclasses.asdict(mcfg).items()},
       "num_params": n_params,
       "fused_layers": fused_layers,
@@ -283,7 +294,9 @@ def parse_args(argv=None) -> TrainConfig:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--preset", default=TrainConfig.preset, choices=sorted(PRESETS))
   p.add_argument("--optimizer", default=TrainConfig.optimizer, choices=OPTIMIZERS)
-  p.add_argument("--steps", type=int)
+  p.add_argument("--steps", type=int,
+                 help="total steps (the cosine schedule spans them; a larger "
+                 "--steps with --resume extends the schedule)")
   p.add_argument("--batch-size", type=int)
   p.add_argument("--seq-len", type=int)
   p.add_argument("--tokenizer", choices=data_lib.TOKENIZERS)

@@ -6,9 +6,11 @@ own backward pass, and the weight gradient never exists in device memory.
 """
 
 from forge_jax import rules
+from forge_jax._src.checkpoint import latest_checkpoint_step
 from forge_jax._src.checkpoint import restore_checkpoint
 from forge_jax._src.checkpoint import save_checkpoint
 from forge_jax._src.dense import ForgeDense
+from forge_jax._src.train_state import FusedTrainStep
 from forge_jax._src.train_state import TrainState
 from forge_jax._src.train_state import fused_kernel_paths
 from forge_jax._src.train_state import fused_step
@@ -23,11 +25,13 @@ __version__ = "0.1.0"
 __all__ = [
     "ForgeDense",
     "ForgeTransformation",
+    "FusedTrainStep",
     "ScaleByAdamWState",
     "TrainState",
     "adamw",
     "fused_kernel_paths",
     "fused_step",
+    "latest_checkpoint_step",
     "make_train_step",
     "restore_checkpoint",
     "rules",

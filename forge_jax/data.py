@@ -938,15 +938,24 @@ def _encode_cached(text: str, tokenizer: Tokenizer,
   tok_name = re.sub(r"[^A-Za-z0-9_.-]", "_", tokenizer.name)
   path = (cache_root / "tokens" /
           f"{digest}-{tok_name}-{tokenizer.vocab_size}.npy")
-  if path.is_file():
+  digest_path = path.with_suffix(".sha256")
+  if path.is_file() and digest_path.is_file():
     try:
       arr = np.load(path, allow_pickle=False)
+      want = digest_path.read_text().strip()
     except (OSError, ValueError):
       arr = None  # unreadable: tokenize again and overwrite
-    if arr is not None and arr.dtype == np.int32 and arr.ndim == 1:
+    # A cached array is used only if it is the one written (its sha256) and
+    # every id fits the tokenizer; anything else is tokenized again.
+    if (arr is not None and arr.dtype == np.int32 and arr.ndim == 1
+        and hashlib.sha256(arr.tobytes()).hexdigest() == want
+        and (arr.size == 0 or (arr.min() >= 0
+                               and arr.max() < tokenizer.vocab_size))):
       return arr
   arr = np.asarray(tokenizer.encode(text), dtype=np.int32)
   _atomic_write(path, lambda f: np.save(f, arr, allow_pickle=False))
+  digest = hashlib.sha256(arr.tobytes()).hexdigest()
+  _atomic_write(digest_path, lambda f: f.write(digest.encode()))
   return arr
 
 

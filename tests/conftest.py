@@ -1,6 +1,13 @@
 """Shared test helpers."""
 
+import os
 import zlib
+
+# Two CPU devices, for the tests of sharded and mapped execution. Set before
+# jax initializes its backends; it does not change a GPU's device count.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=2").strip()
 
 import jax
 import numpy as np

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import forge_jax as fj
-from forge_jax._src.checkpoint import latest_step
+from forge_jax import latest_checkpoint_step
 
 
 class Net(nn.Module):
@@ -63,11 +63,25 @@ def test_restore_into_another_structure_is_refused(rng, tmp_path):
   state, _ = step(state, batch)
   fj.save_checkpoint(tmp_path, state)
   wider, _, _ = _setup(rng, width=16)
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match="does not match"):
     fj.restore_checkpoint(tmp_path, wider)
-  other_opt = wider.replace(opt_state=optax.sgd(0.1).init(wider.params))
-  with pytest.raises(ValueError):
+  same, _, _ = _setup(rng)  # same widths, another optax optimizer
+  other_opt = same.replace(opt_state=optax.sgd(0.1, momentum=0.9).init(
+      {"head": same.params["head"]}))
+  with pytest.raises(ValueError, match="does not match"):
     fj.restore_checkpoint(tmp_path, other_opt)
+
+
+def test_saving_over_a_later_checkpoint_is_refused(rng, tmp_path):
+  state, step, batch = _setup(rng)
+  first = jax.tree.map(jnp.copy, state)
+  state, _ = step(state, batch)
+  fj.save_checkpoint(tmp_path, state)  # step 1
+  with pytest.raises(FileExistsError, match=r"steps \[1\] >= 0"):
+    fj.save_checkpoint(tmp_path, first)  # step 0: another run
+  assert latest_checkpoint_step(tmp_path) == 1
+  fj.save_checkpoint(tmp_path, first, overwrite=True)
+  assert latest_checkpoint_step(tmp_path) == 0
 
 
 def test_missing_checkpoint_and_unfinished_save(rng, tmp_path):
@@ -78,4 +92,4 @@ def test_missing_checkpoint_and_unfinished_save(rng, tmp_path):
   # A save that died midway leaves only orbax's temporary directory, which is
   # never taken for a checkpoint.
   os.makedirs(tmp_path / "7.orbax-checkpoint-tmp-1234")
-  assert latest_step(tmp_path) == 0
+  assert latest_checkpoint_step(tmp_path) == 0

@@ -329,7 +329,25 @@ def test_tokenize_cache(tmp_path):
   second = D.tokenize_corpus(text, NoEncode(), 0.2, cache_dir=tmp_path)
   np.testing.assert_array_equal(first.train, second.train)
   np.testing.assert_array_equal(first.val, second.val)
-  assert _files(tmp_path) == [npy]
+  assert _files(tmp_path) == sorted([npy, npy.with_suffix(".sha256")])
+
+
+@pytest.mark.parametrize("tamper", ["value", "out_of_vocab", "digest"])
+def test_tampered_token_cache_is_tokenized_again(tmp_path, tamper):
+  text = "cache me " * 50
+  first = D.tokenize_corpus(text, D.ByteTokenizer(), 0.2, cache_dir=tmp_path)
+  [npy] = (tmp_path / "tokens").glob("*.npy")
+  arr = np.load(npy)
+  if tamper == "digest":
+    npy.with_suffix(".sha256").write_text("0" * 64)
+  else:
+    arr[3] = 99999 if tamper == "out_of_vocab" else arr[3] + 1
+    np.save(npy, arr)
+    if tamper == "out_of_vocab":  # even with a matching digest
+      npy.with_suffix(".sha256").write_text(_sha(arr.tobytes()))
+  again = D.tokenize_corpus(text, D.ByteTokenizer(), 0.2, cache_dir=tmp_path)
+  np.testing.assert_array_equal(first.train, again.train)
+  np.testing.assert_array_equal(np.load(npy), np.concatenate([first.train, first.val]))
 
 
 def test_train_batches_shapes_shift_and_determinism():

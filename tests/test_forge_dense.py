@@ -153,7 +153,7 @@ class Misused(nn.Module):
 
 
 @pytest.mark.parametrize("mode,match", [
-    ("twice", "b: its backward ran 2 times"),
+    ("twice", "b: its backward was traced 2 times"),
     ("stop_gradient", "b: its backward never ran"),
     ("unused", "b: its backward never ran"),
     ("not_called", "b: its backward never ran"),
@@ -234,3 +234,138 @@ def test_bad_configuration_is_refused(rng):
   with pytest.raises(ValueError, match="implementation='gpu'"):
     fj.fused_step(fj.TrainState.create(apply_fn=m.apply, variables=v, tx=optax.sgd(0.1)),
                   x, lambda v, b: jnp.sum(m.apply(v, b)), implementation="gpu")
+
+
+class Tied(nn.Module):
+  """An autoencoder whose decoder reads the fused encoder's kernel."""
+
+  penalty: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    enc = fj.ForgeDense(6, optimizer=fj.adamw(1e-2), name="enc")
+    h = nn.tanh(enc(x))
+    if self.penalty:  # an L2 penalty over every param
+      return h, sum(jnp.sum(p ** 2) for p in jax.tree.leaves(self.variables["params"]))
+    return h @ self.variables["params"]["enc"]["kernel"].T, 0.0
+
+
+@pytest.mark.parametrize("penalty", [False, True])
+def test_other_uses_of_a_fused_kernel_are_refused(rng, penalty):
+  model = Tied(penalty)
+  x = jnp.asarray(rng.standard_normal((4, 10)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2))
+
+  def loss_fn(v, b):
+    out, reg = model.apply(v, b)
+    return jnp.mean(out ** 2) + 1e-3 * reg
+
+  with pytest.raises(ValueError, match=r"uses the kernel of the fused layers \['enc'\]"):
+    fj.make_train_step(loss_fn)(state, x)
+
+
+def test_reading_params_for_metrics_only_is_allowed(rng):
+  """aux may look at the kernels: only the loss must not depend on them."""
+  model = MLP()
+  x, y = _data(rng)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2))
+
+  def loss_fn(v, b):
+    loss = jnp.mean((model.apply(v, b[0]) - b[1]) ** 2)
+    return loss, {"fc1_norm": jnp.linalg.norm(v["params"]["fc1"]["kernel"]),
+                  "loss": -1.0}
+
+  state, metrics = fj.make_train_step(loss_fn)(state, (x, y))
+  assert float(metrics["fc1_norm"]) > 0
+  assert float(metrics["loss"]) > 0  # the step's loss, not the aux entry
+
+
+def test_per_example_vmap_with_shared_kernel_is_refused(rng):
+  x, y = _data(rng)
+  model = MLP()
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2))
+
+  def loss_fn(v, b):
+    per_example = jax.vmap(lambda xi, yi: jnp.mean((model.apply(v, xi) - yi) ** 2))
+    return jnp.mean(per_example(*b))
+
+  with pytest.raises(ValueError, match="vmap.*kernel shared"):
+    fj.make_train_step(loss_fn)(state, (x, y))
+
+
+def test_shard_map_data_parallelism_is_refused(rng):
+  assert len(jax.devices()) >= 2  # conftest asks for two CPU devices
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((2,), ("data",))
+  x, y = _data(rng, shape=(4, 9, 21))
+  model = MLP()
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2))
+
+  def loss_fn(v, b):
+    def local(xb, yb):
+      return jax.lax.pmean(jnp.mean((model.apply(v, xb) - yb) ** 2), "data")
+    return jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P("data")),
+                         out_specs=P())(*b)
+
+  batch = jax.device_put((x, y), NamedSharding(mesh, P("data")))
+  with pytest.raises(ValueError, match=r"mapped axes \['data'\]"):
+    fj.make_train_step(loss_fn)(state, batch)
+
+
+def test_batch_sharded_jit_matches_one_device(rng):
+  """Data parallelism through jax.jit and sharded arrays is exact."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  # Auto (GSPMD) axes; explicit-sharding meshes are the tensor-parallel work.
+  mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  x, y = _data(rng, shape=(4, 9, 21))
+  model = MLP()
+  v = model.init(jax.random.key(0), x)
+  step = fj.make_train_step(_mse(model))
+  one = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v), tx=optax.adam(1e-2))
+  two = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v), tx=optax.adam(1e-2))
+  batch = jax.device_put((x, y), NamedSharding(mesh, P("data")))
+  for _ in range(3):
+    one, _ = step(one, (x, y))
+    two, _ = step(two, batch)
+  assert rel_err(two.params["fc1"]["kernel"], one.params["fc1"]["kernel"]) < 1e-6
+
+
+def test_forge_dense_without_optimizer_is_plain_dense_in_a_fused_step(rng):
+  class Mixed(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = fj.ForgeDense(8, optimizer=fj.adamw(1e-2), name="fused")(x)
+      return fj.ForgeDense(3, name="plain")(nn.relu(h))
+
+  model = Mixed()
+  x = jnp.asarray(rng.standard_normal((5, 4)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  assert fj.fused_kernel_paths(v["forge_state"]) == (("fused",),)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v), tx=optax.sgd(0.1))
+  state, _ = fj.make_train_step(lambda v, b: jnp.sum(model.apply(v, b) ** 2))(state, x)
+  g = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x) ** 2))(v["params"])
+  np.testing.assert_allclose(state.params["plain"]["kernel"],
+                             v["params"]["plain"]["kernel"] - 0.1 * g["plain"]["kernel"],
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("tx,match", [
+    (lambda: optax.named_chain(("clip", optax.clip_by_global_norm(1.0)),
+                               ("adam", optax.adam(1e-3))), "clip_by_global_norm"),
+    (lambda: optax.multi_transform(
+        {"a": optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))},
+        lambda p: jax.tree.map(lambda _: "a", p)), "clip_by_global_norm"),
+    (lambda: optax.inject_hyperparams(optax.clip_by_global_norm)(max_norm=1.0),
+     "clip_by_global_norm"),
+    (lambda: optax.apply_if_finite(optax.adam(1e-3), 3), "apply_if_finite"),
+])
+def test_tx_needing_fused_gradients_is_refused(rng, tx, match):
+  m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3))
+  x = jnp.asarray(rng.standard_normal((2, 4)), jnp.float32)
+  v = m.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=match):
+    fj.TrainState.create(apply_fn=m.apply, variables=v, tx=tx())

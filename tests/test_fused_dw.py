@@ -59,6 +59,18 @@ def test_kernel_matches_reference(rng, impl, interpret, dtype, t, d_in, d_out):
     assert rel_err(got, want) <= _tol(dtype, t)
 
 
+@pytest.mark.parametrize("impl,interpret", BACKENDS)
+@pytest.mark.parametrize("t,d_in,d_out", [(0, 16, 8), (5, 0, 8), (5, 16, 0)])
+def test_empty_operands(rng, impl, interpret, t, d_in, d_out):
+  x, dy, w, state, hp = _inputs(rng, t, d_in, d_out, jnp.float32)
+  ref = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW)
+  got = fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation=impl,
+                        interpret=interpret)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+
+
 def test_reference_is_dw_then_adamw(rng):
   """The reference equals dW = xᵀdY followed by the optax-style AdamW step."""
   x, dy, w, (mu, nu), hp = _inputs(rng, 23, 11, 7, jnp.float32)

@@ -70,6 +70,8 @@ def test_optax_baseline_trains_the_same_model(text_file, tmp_path):
     (dict(optimizer="sgd"), "optimizer='sgd'"),
     (dict(steps=0), "steps=0"),
     (dict(dtype="float16"), "dtype='float16'"),
+    (dict(stop_at=-5), "stop_at=-5"),
+    (dict(learning_rate=-1.0), "learning_rate=-1.0"),
 ])
 def test_bad_config_is_refused(text_file, tmp_path, kw, match):
   with pytest.raises(ValueError, match=match):
@@ -84,6 +86,18 @@ def test_missing_text_file_is_refused(tmp_path):
 
 def test_resume_with_another_optimizer_is_refused(text_file, tmp_path):
   train_lm.main(_cfg(text_file, tmp_path / "r", steps=2))
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match="does not match"):
     train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True,
                        optimizer="optax-adamw"))
+
+
+def test_a_new_run_into_an_old_run_directory_is_refused(text_file, tmp_path):
+  train_lm.main(_cfg(text_file, tmp_path / "r", steps=2))
+  with pytest.raises(FileExistsError, match="--resume"):
+    train_lm.main(_cfg(text_file, tmp_path / "r", steps=3))
+
+
+def test_a_validation_split_too_short_is_refused_before_training(text_file, tmp_path):
+  with pytest.raises(ValueError, match="val split"):
+    train_lm.main(_cfg(text_file, tmp_path / "v", batch_size=512))
+  assert not os.path.exists(tmp_path / "v" / "checkpoints")

@@ -28,6 +28,7 @@ def save_checkpoint(
     *,
     metadata: Mapping[str, Any] | None = None,
     max_to_keep: int | None = 2,
+    overwrite: bool = False,
 ) -> int:
   """Saves ``state`` (params, fused-layer state, optax state, step) at its step.
 
@@ -36,12 +37,27 @@ def save_checkpoint(
     state: a :class:`forge_jax.TrainState`.
     metadata: JSON-serializable extras (config, data position).
     max_to_keep: older steps beyond this many are deleted.
+    overwrite: delete checkpoints at this step or later first. Without it,
+      such checkpoints (from another run in the same directory) make the
+      save fail instead of being silently kept.
 
   Returns:
     The step number saved.
+
+  Raises:
+    FileExistsError: if a checkpoint at this step or later exists and not
+      ``overwrite``.
   """
   step = int(jax.device_get(state.step))
   with _manager(directory, max_to_keep) as mngr:
+    later = [s for s in mngr.all_steps() if s >= step]
+    if later and not overwrite:
+      raise FileExistsError(
+          f"{os.fspath(directory)!r} already holds checkpoints at steps "
+          f"{sorted(later)} >= {step} (another run?); restore from it, use a "
+          "new directory, or pass overwrite=True")
+    for s in later:
+      mngr.delete(s)
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(_arrays(state)),
         metadata=ocp.args.JsonSave(dict(metadata or {}))))
@@ -49,7 +65,7 @@ def save_checkpoint(
   return step
 
 
-def latest_step(directory: str | os.PathLike) -> int | None:
+def latest_checkpoint_step(directory: str | os.PathLike) -> int | None:
   """The newest complete step under ``directory``, or None."""
   if not os.path.isdir(directory):
     return None
@@ -78,7 +94,7 @@ def restore_checkpoint(
     FileNotFoundError: if there is no complete checkpoint.
     ValueError: if the checkpoint's tree does not match ``target``'s.
   """
-  step = latest_step(directory) if step is None else step
+  step = latest_checkpoint_step(directory) if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint under {os.fspath(directory)!r}")
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
@@ -91,19 +107,5 @@ def restore_checkpoint(
       raise ValueError(
           f"checkpoint step {step} under {os.fspath(directory)!r} does not "
           f"match the target state's structure: {e}") from e
-  arrays = restored["state"]
-  _check_same(abstract, arrays, step)
-  state = target.replace(**arrays)
+  state = target.replace(**restored["state"])
   return state, dict(restored["metadata"] or {})
-
-
-def _check_same(abstract, arrays, step) -> None:
-  want = jax.tree.structure(abstract)
-  got = jax.tree.structure(arrays)
-  if want != got:
-    raise ValueError(f"checkpoint step {step} has tree {got}, expected {want}")
-  for a, b in zip(jax.tree.leaves(abstract), jax.tree.leaves(arrays)):
-    if a.shape != b.shape or a.dtype != b.dtype:
-      raise ValueError(
-          f"checkpoint step {step} holds {b.dtype}{list(b.shape)} where the "
-          f"target expects {a.dtype}{list(a.shape)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import numbers
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,11 @@ from pallas_kernels import fused_dw
 
 FORGE_STATE = "forge_state"
 PROBE = "probe"
+# In a fused step the step hands each fused layer its kernel a second time,
+# as forge_state/<layer>/KERNEL_INPUT: the custom_vjp consumes that copy, so
+# any other use of params/<layer>/kernel shows up as a dependency of the loss
+# on the params copy, which the step refuses (tied or directly read kernels).
+KERNEL_INPUT = "kernel"
 
 default_kernel_init = nn.initializers.lecun_normal()
 
@@ -128,9 +134,11 @@ def _forge_linear_bwd(spec, residuals, dy):
       kernel, state, hparams, rule=spec.rule,
       implementation=spec.implementation, interpret=spec.interpret)
   # The probe's cotangent counts how often this backward ran (1 when used
-  # exactly once); hparams get no gradient.
-  return (dx, new_kernel, new_state, jnp.zeros_like(hparams),
-          jnp.ones_like(probe))
+  # exactly once). Adding a zero that depends on dy makes it batched wherever
+  # dy is, so under vmap the count is summed over the batch like the kernel's
+  # cotangent. hparams get no gradient.
+  probe_ct = jnp.ones_like(probe) + jnp.sum(dy[..., :0]).astype(probe.dtype)
+  return dx, new_kernel, new_state, jnp.zeros_like(hparams), probe_ct
 
 
 _forge_linear.defvjp(_forge_linear_fwd, _forge_linear_bwd)
@@ -166,17 +174,23 @@ class ForgeDense(nn.Module):
     kernel_init: initializer of the kernel, (in, features).
     bias_init: initializer of the bias, (features,).
     promote_dtype: as in ``flax.linen.Dense``.
+    dot_general, dot_general_cls: as in ``flax.linen.Dense``; only without an
+      optimizer (a fused layer computes its own matmuls).
     optimizer: a :class:`forge_jax.ForgeTransformation` (e.g.
       ``forge_jax.adamw(1e-3)``) run fused on the kernel. ``None`` makes a
-      plain Dense without optimizer state.
+      plain Dense without optimizer state, in a fused step too (its kernel is
+      then trained by the step's optax ``tx``).
     implementation: ``'xla'``, ``'triton'`` or ``None`` (the fused step's
       choice, else the kernel on a GPU and the reference elsewhere).
 
   Raises (at trace time, before anything is computed):
     TypeError: if ``optimizer`` is not a ForgeTransformation.
-    ValueError: in a fused step, if the layer has no optimizer or no state,
-      the computation dtype is not float32 or bfloat16, or ``param_dtype`` is
-      not float32.
+    ValueError: if ``optimizer`` is combined with a custom ``dot_general``;
+      in a fused step, if the layer has no state, the computation dtype is not
+      float32 or bfloat16, ``param_dtype`` is not float32, or the layer runs
+      under ``shard_map``/``pmap``/a named ``vmap`` axis or an unnamed
+      ``vmap`` that batches its inputs but not its kernel (each would sum or
+      split the fused update: data parallelism needs an all-reduce of dW).
   """
 
   features: int
@@ -187,6 +201,8 @@ class ForgeDense(nn.Module):
   kernel_init: Any = default_kernel_init
   bias_init: Any = nn.initializers.zeros_init()
   promote_dtype: Any = promote_dtype
+  dot_general: Any = None
+  dot_general_cls: Any = None
   optimizer: transforms_lib.ForgeTransformation | None = None
   implementation: str | None = None
 
@@ -200,9 +216,14 @@ class ForgeDense(nn.Module):
           f"as forge_jax.adamw(...), got {type(self.optimizer).__name__}")
     if self.implementation is not None:
       fused_dw.resolve_implementation(self.implementation)
-    if not isinstance(self.features, int) or self.features < 1:
+    if not isinstance(self.features, numbers.Integral) or self.features < 1:
       raise ValueError(f"ForgeDense.features={self.features!r} must be a "
                        "positive int")
+    if self.optimizer is not None and (self.dot_general is not None or
+                                       self.dot_general_cls is not None):
+      raise ValueError("ForgeDense: a custom dot_general/dot_general_cls "
+                       "cannot be combined with optimizer (the fused layer "
+                       "computes its own matmuls)")
     if jnp.ndim(inputs) < 1:
       raise ValueError("ForgeDense inputs must have at least 1 dimension (..., "
                        f"in), got shape {jnp.shape(inputs)}")
@@ -219,36 +240,39 @@ class ForgeDense(nn.Module):
     ctx = current_context()
     inputs, kernel_c, bias = self.promote_dtype(
         inputs, kernel, bias, dtype=self.dtype)
-    if ctx is None or self.is_initializing():
-      y = lax.dot_general(inputs, kernel_c,
-                          (((inputs.ndim - 1,), (0,)), ((), ())),
-                          precision=self.precision)
+    if ctx is None or self.is_initializing() or self.optimizer is None:
+      if self.dot_general_cls is not None:
+        dot_general = self.dot_general_cls()
+      else:
+        dot_general = self.dot_general or lax.dot_general
+      y = dot_general(inputs, kernel_c, (((inputs.ndim - 1,), (0,)), ((), ())),
+                      precision=self.precision)
     else:
-      y = self._fused_matmul(ctx, inputs, kernel)
+      y = self._fused_matmul(ctx, inputs, kernel.dtype)
     if bias is not None:
       y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
     return y
 
-  def _fused_matmul(self, ctx: FusedContext, inputs, kernel):
+  def _fused_matmul(self, ctx: FusedContext, inputs, param_dtype):
     path = tuple(self.scope.path)
-    where = "/".join(path) or "<root>"
-    if self.optimizer is None:
-      raise ValueError(f"ForgeDense at {where!r} has optimizer=None and cannot "
-                       "run in a fused step; give it e.g. forge_jax.adamw(...)")
-    if kernel.dtype != jnp.float32:
-      raise ValueError(f"ForgeDense at {where!r}: param_dtype={kernel.dtype} is "
+    where = "/".join(path) or "<root module>"
+    if param_dtype != jnp.float32:
+      raise ValueError(f"ForgeDense at {where!r}: param_dtype={param_dtype} is "
                        "not supported in fused mode yet; use float32")
     if inputs.dtype not in (jnp.float32, jnp.bfloat16):
       raise ValueError(f"ForgeDense at {where!r}: the computation dtype "
                        f"{inputs.dtype} (from inputs and dtype={self.dtype}) "
                        "must be float32 or bfloat16 in fused mode")
     rule = self.optimizer.rule
-    names = (*rule.state_names, PROBE)
+    names = (*rule.state_names, PROBE, KERNEL_INPUT)
     missing = [n for n in names if not self.has_variable(FORGE_STATE, n)]
     if missing:
       raise ValueError(
           f"ForgeDense at {where!r} has no {FORGE_STATE!r} variables {missing}:"
-          f" pass the {FORGE_STATE!r} collection returned by model.init")
+          f" pass the {FORGE_STATE!r} collection returned by model.init, and "
+          "train through forge_jax.fused_step / make_train_step")
+    kernel = self.get_variable(FORGE_STATE, KERNEL_INPUT)
+    _refuse_parallel_axes(where, inputs, kernel)
     state = tuple(self.get_variable(FORGE_STATE, n) for n in rule.state_names)
     probe = self.get_variable(FORGE_STATE, PROBE)
     implementation = fused_dw.resolve_implementation(
@@ -258,3 +282,38 @@ class ForgeDense(nn.Module):
                  interpret=ctx.interpret, context=ctx, path=path)
     hparams = self.optimizer.packed_hyperparams(ctx.step)
     return _forge_linear(spec, inputs, kernel, state, hparams, probe)
+
+
+def _refuse_parallel_axes(where: str, inputs, kernel) -> None:
+  """Refuses transformations under which the fused update would be wrong."""
+  mesh = jax.sharding.get_abstract_mesh()
+  manual = tuple(getattr(mesh, "manual_axes", ()) or ())
+  named = tuple(_axis_names())
+  if manual or named:
+    raise ValueError(
+        f"ForgeDense at {where!r} runs under the mapped axes "
+        f"{sorted(set(manual) | set(named))} (shard_map, pmap or a named "
+        "vmap). Not supported: over a data-parallel axis each shard would "
+        "apply its own partial gradient, where the update needs the "
+        "all-reduced dW. Use jax.jit with sharded arrays instead")
+  if _is_batched(inputs) and not _is_batched(kernel):
+    raise ValueError(
+        f"ForgeDense at {where!r} runs under jax.vmap/nn.vmap with its inputs "
+        "batched and its kernel shared: the per-example fused updates would be "
+        "summed. Compute the loss on the whole batch instead")
+
+
+def _axis_names():
+  try:
+    from jax._src import core as jax_core  # pylint: disable=g-import-not-at-top
+    return jax_core.unsafe_get_axis_names()
+  except (ImportError, AttributeError):  # older/newer jax: skip this check
+    return ()
+
+
+def _is_batched(x) -> bool:
+  try:
+    from jax._src.interpreters import batching  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return isinstance(x, batching.BatchTracer)

@@ -47,28 +47,49 @@ def merge_params(other, fused):
   return traverse_util.unflatten_dict(flat)
 
 
-def _functions_in(fn, depth: int = 6):
-  """Functions reachable from ``fn`` through closures (an optax chain's parts)."""
-  seen, stack = set(), [(fn, 0)]
+def _callables_in(root, depth: int = 8):
+  """Callables reachable from ``root`` through closures and containers.
+
+  An optax transformation is a pair of closures; its parts (a chain's list, a
+  ``multi_transform``'s dict, a ``named_chain``'s tuples) live in closure
+  cells, so this walk finds the functions of every nested transformation.
+  """
+  seen, stack = set(), [(root, 0)]
   while stack:
-    f, d = stack.pop()
-    if id(f) in seen or d > depth:
+    obj, d = stack.pop()
+    if id(obj) in seen or d > depth:
       continue
-    seen.add(id(f))
-    yield f
-    for attr in ("fn", "func", "update"):  # wrappers such as _FusedUpdate
-      inner = getattr(f, attr, None)
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+      stack.extend((v, d + 1) for v in obj.values())
+      continue
+    if isinstance(obj, (tuple, list)):
+      stack.extend((v, d + 1) for v in obj)
+      continue
+    if not callable(obj):
+      continue
+    yield obj
+    for attr in ("fn", "func", "update", "init"):  # wrappers, transformations
+      inner = getattr(obj, attr, None)
       if callable(inner):
         stack.append((inner, d + 1))
-    for cell in getattr(f, "__closure__", None) or ():
+    for cell in getattr(obj, "__closure__", None) or ():
       try:
-        v = cell.cell_contents
-      except ValueError:
+        stack.append((cell.cell_contents, d + 1))
+      except ValueError:  # an empty cell
         continue
-      if callable(v):
-        stack.append((v, d + 1))
-      elif isinstance(v, (tuple, list)):
-        stack.extend((x, d + 1) for x in v if callable(x))
+
+
+# optax transformations whose meaning needs the fused layers' gradients.
+_REFUSED_TX = {
+    "clip_by_global_norm": (
+        "the global norm needs every gradient before any update, but fused "
+        "kernels update inside the backward pass and their gradients never "
+        "exist. Clip per tensor (optax.clip_by_block_rms) or train unfused"),
+    "apply_if_finite": (
+        "it skips a step with a non-finite gradient, but the fused kernels "
+        "have already been updated by then"),
+}
 
 
 def _refuse_unsupported_tx(tx, opt_state) -> None:
@@ -80,14 +101,12 @@ def _refuse_unsupported_tx(tx, opt_state) -> None:
           "tx: gradient accumulation (optax.MultiSteps) cannot be combined "
           "with fused ForgeDense layers: their update runs inside every "
           "backward pass, so there is no gradient to accumulate")
-  for f in _functions_in(tx.update):
-    if getattr(f, "__qualname__", "").startswith("clip_by_global_norm"):
-      raise ValueError(
-          "tx: optax.clip_by_global_norm cannot be combined with fused "
-          "ForgeDense layers: the global norm needs every gradient before any "
-          "update, but fused kernels update inside the backward pass and their "
-          "gradients never exist. Clip per tensor (optax.clip_by_block_rms) "
-          "or train this model unfused")
+  for f in _callables_in(tx):
+    qualname = getattr(f, "__qualname__", "")
+    for name, why in _REFUSED_TX.items():
+      if qualname == name or qualname.startswith(name + "."):
+        raise ValueError(f"tx: optax.{name} cannot be combined with fused "
+                         f"ForgeDense layers: {why}")
 
 
 class TrainState(struct.PyTreeNode):
@@ -126,9 +145,11 @@ class TrainState(struct.PyTreeNode):
 
     Raises:
       ValueError: if ``variables`` lacks ``'params'``, or the model has fused
-        layers and ``tx`` holds gradient accumulation (``optax.MultiSteps``)
-        or global-norm clipping (``optax.clip_by_global_norm``), which need
-        the fused layers' gradients.
+        layers and ``tx`` holds gradient accumulation (``optax.MultiSteps``),
+        global-norm clipping (``optax.clip_by_global_norm``) or
+        ``optax.apply_if_finite``, which need the fused layers' gradients.
+        The check walks the transformation's closures, so it finds these
+        inside chains, ``named_chain``, ``multi_transform`` and ``partition``.
     """
     if "params" not in variables:
       raise ValueError("variables must hold a 'params' collection (from "
@@ -170,7 +191,7 @@ def fused_step(
     interpret: run the Pallas kernels in interpret mode.
 
   Returns:
-    ``(new_state, metrics)``; metrics hold ``loss``, ``aux`` and
+    ``(new_state, metrics)``; metrics hold ``aux``, ``loss`` and
     ``forge_backward_ok`` (True when every fused backward ran exactly once
     per kernel slice at run time).
 
@@ -178,23 +199,36 @@ def fused_step(
     ValueError: at trace time (before anything runs or is written) if a fused
       layer's backward pass was traced zero times (output unused, under
       ``stop_gradient``, layer not called) or more than once (a layer applied
-      twice, tied weights).
+      twice, inside ``lax.cond``, under ``jax.grad`` in the loss), or if the
+      loss uses a fused kernel other than through its layer (tied weights, a
+      penalty on params).
   """
   paths = fused_kernel_paths(state.forge_state)
   other, fused = split_params(state.params, paths)
+  kernel_inputs = {p + (dense_lib.KERNEL_INPUT,): fused[p + ("kernel",)]
+                   for p in paths}
 
-  def objective(other, fused, forge_state):
-    out = loss_fn({"params": merge_params(other, fused),
-                   FORGE_STATE: forge_state}, batch)
+  def objective(other, kernel_inputs, forge_state, fused_params):
+    # The layers consume `kernel_inputs` (differentiated: their cotangents are
+    # the new kernels); `fused_params` is what params shows for the same
+    # kernels, not differentiated, and must not reach the loss.
+    fs = traverse_util.flatten_dict(dict(forge_state))
+    fs.update(kernel_inputs)
+    out = loss_fn({"params": merge_params(other, fused_params),
+                   FORGE_STATE: traverse_util.unflatten_dict(fs) if fs else {}},
+                  batch)
     loss, aux = out if isinstance(out, tuple) else (out, {})
     return loss, aux
 
   ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
                                interpret=interpret)
   with dense_lib.fused_context(ctx):
-    (loss, aux), (grads, new_fused, new_forge_state) = jax.value_and_grad(
+    if paths:
+      _refuse_other_uses_of_fused_kernels(
+          objective, (other, kernel_inputs, state.forge_state, fused))
+    (loss, aux), (grads, new_kernels, new_forge_state) = jax.value_and_grad(
         objective, argnums=(0, 1, 2), has_aux=True)(
-            other, fused, state.forge_state)
+            other, kernel_inputs, state.forge_state, fused)
   _check_backward_traces(ctx, paths)
 
   updates, opt_state = state.tx.update(grads, state.opt_state, other)
@@ -206,20 +240,47 @@ def fused_step(
                         ) if counts else jnp.asarray(True)
   flat_fs = {k: (jnp.zeros_like(v) if k[-1] == PROBE else v)
              for k, v in flat_fs.items()}
+  new_fused = {p + ("kernel",): new_kernels[p + (dense_lib.KERNEL_INPUT,)]
+               for p in paths}
   new_state = state.replace(
       step=state.step + 1,
       params=merge_params(other, new_fused),
       forge_state=traverse_util.unflatten_dict(flat_fs) if flat_fs else {},
       opt_state=opt_state)
-  metrics = {"loss": loss, **aux, "forge_backward_ok": backward_ok}
+  metrics = {**aux, "loss": loss, "forge_backward_ok": backward_ok}
   return new_state, metrics
+
+
+def _refuse_other_uses_of_fused_kernels(objective, args) -> None:
+  """Raises if the loss depends on params' copy of a fused kernel.
+
+  Traces the loss once more (trace time only) and asks XLA-independent dead
+  code elimination which inputs the loss needs.
+  """
+  try:
+    from jax._src.interpreters import partial_eval as pe  # pylint: disable=g-import-not-at-top
+  except ImportError:  # a jax without this module: skip the check
+    return
+  closed = jax.make_jaxpr(lambda *a: objective(*a)[0])(*args)
+  _, used = pe.dce_jaxpr(closed.jaxpr, [True])
+  n_before = sum(len(jax.tree.leaves(a)) for a in args[:3])
+  fused_keys = sorted(args[3])
+  offenders = [fused_keys[i] for i, u in enumerate(used[n_before:]) if u]
+  if offenders:
+    names = ["/".join(k[:-1]) for k in offenders]
+    raise ValueError(
+        "fused step refused, nothing was updated: the loss uses the kernel of "
+        f"the fused layers {names} other than through the layer itself (tied "
+        "weights, a penalty or another computation on params). Its gradient "
+        "from that use would be mixed into the fused update. Keep such "
+        "kernels unfused (flax Dense, or ForgeDense(optimizer=None))")
 
 
 def _check_backward_traces(ctx: dense_lib.FusedContext, paths) -> None:
   problems = []
   for p in paths:
     n = ctx.backward_traces.get(p, 0)
-    name = "/".join(p)
+    name = "/".join(p) or "<root module>"
     if n == 0:
       problems.append(
           f"{name}: its backward never ran (the layer was not called, its "
@@ -227,9 +288,9 @@ def _check_backward_traces(ctx: dense_lib.FusedContext, paths) -> None:
           "its kernel would be overwritten with zeros")
     elif n > 1:
       problems.append(
-          f"{name}: its backward ran {n} times (the same layer applied more "
-          "than once, or its kernel tied to another use); fused updates would "
-          "be summed")
+          f"{name}: its backward was traced {n} times (the same layer applied "
+          "more than once, a layer inside lax.cond, or jax.grad taken inside "
+          "the loss); fused updates would be summed")
   unknown = sorted(set(ctx.backward_traces) - set(paths))
   for p in unknown:
     problems.append(f"{'/'.join(p)}: a fused layer without an entry in "
@@ -240,20 +301,55 @@ def _check_backward_traces(ctx: dense_lib.FusedContext, paths) -> None:
         "be used exactly once per step:\n  " + "\n  ".join(problems))
 
 
+class FusedTrainStep:
+  """A jitted fused step that checks the run-time backward probe.
+
+  Calling it runs ``jax.jit(fused_step)`` with the state donated and, when
+  ``check_backward``, raises if ``metrics['forge_backward_ok']`` is False
+  (a fused backward that ran a number of times other than one per kernel at
+  run time, e.g. a layer closed over by ``lax.scan``). That check waits for
+  the step to finish; pass ``check_backward=False`` to keep dispatch fully
+  asynchronous and read the metric yourself.
+  """
+
+  def __init__(self, jitted, check_backward: bool):
+    self.jitted = jitted
+    self.check_backward = check_backward
+
+  def __call__(self, state: TrainState, batch: Any):
+    new_state, metrics = self.jitted(state, batch)
+    if self.check_backward and not bool(metrics["forge_backward_ok"]):
+      raise RuntimeError(
+          "a fused ForgeDense backward ran a number of times other than once "
+          "per kernel in this step (a layer reused inside lax.scan or vmap?). "
+          "The state passed in was donated and the returned one is wrong: "
+          "restore from a checkpoint")
+    return new_state, metrics
+
+  def lower(self, *args, **kwargs):
+    return self.jitted.lower(*args, **kwargs)
+
+  def _cache_size(self) -> int:
+    return self.jitted._cache_size()  # pylint: disable=protected-access
+
+
 def make_train_step(
     loss_fn: LossFn,
     *,
     implementation: str | None = None,
     interpret: bool = False,
     donate: bool = True,
-) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]:
+    check_backward: bool = True,
+) -> FusedTrainStep:
   """``jax.jit`` of :func:`fused_step` with the state donated.
 
   Donation lets the fused kernels write the new kernels and moments into the
-  buffers of the old ones. The learning rate and step count are traced, so a
-  schedule does not recompile.
+  buffers of the old ones: the state passed in is consumed. The learning rate
+  and step count are traced, so a schedule does not recompile. See
+  :class:`FusedTrainStep` for ``check_backward``.
   """
   def step(state, batch):
     return fused_step(state, batch, loss_fn, implementation=implementation,
                       interpret=interpret)
-  return jax.jit(step, donate_argnums=(0,) if donate else ())
+  return FusedTrainStep(jax.jit(step, donate_argnums=(0,) if donate else ()),
+                        check_backward)

@@ -103,6 +103,8 @@ def fused_dw_update(
 
   Returns:
     ``(new_w, new_state)`` with the dtypes and shapes of ``w`` and ``state``.
+    With T = 0 the gradient is zero and the step is still taken (AdamW then
+    decays the moments and applies weight decay), as unfused.
 
   Raises:
     ValueError: on wrong shapes or dtypes, or an unknown implementation.
@@ -112,7 +114,8 @@ def fused_dw_update(
   state = tuple(state)
   _check_args(x, dy, w, state, hparams, rule)
   impl = resolve_implementation(implementation)
-  if impl == "xla":
+  if impl == "xla" or x.size == 0 or w.size == 0:
+    # Empty operands (T = 0: dW = 0; or an empty W) need no kernel launch.
     return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule)
   if not interpret and jax.default_backend() != "gpu":
     raise RuntimeError(
