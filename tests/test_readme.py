@@ -24,5 +24,6 @@ def test_usage_example_runs():
   (example,) = _blocks("python")
   namespace = {}
   exec(compile(example, "README.md usage", "exec"), namespace)  # noqa: S102
-  assert int(namespace["state"].step) == 1
+  assert int(namespace["state"].step) == 3
+  assert namespace["logits"].shape == (32, 10)
   assert bool(namespace["metrics"]["forge_backward_ok"])
