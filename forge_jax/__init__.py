@@ -17,6 +17,24 @@ from forge_jax._src.train_state import fused_step
 from forge_jax._src.train_state import make_train_step
 from forge_jax._src.transforms import ForgeTransformation
 from forge_jax._src.transforms import ScaleByAdamWState
+from forge_jax._src.transforms import ScaleByLionState
+from forge_jax._src.transforms import ScaleByMomentumState
+from forge_jax._src.transforms import ScaleByRmsState
+from forge_jax._src.transforms import ScaleByRssState
+from forge_jax._src.transforms import ScaleBySgdState
+from forge_jax._src.transforms import adagrad
+from forge_jax._src.transforms import lion
+from forge_jax._src.transforms import nadamw
+from forge_jax._src.transforms import radam
+from forge_jax._src.transforms import rmsprop
+from forge_jax._src.transforms import scale_by_lion
+from forge_jax._src.transforms import scale_by_momentum
+from forge_jax._src.transforms import scale_by_nadamw
+from forge_jax._src.transforms import scale_by_radam
+from forge_jax._src.transforms import scale_by_rms
+from forge_jax._src.transforms import scale_by_rss
+from forge_jax._src.transforms import scale_by_sgd
+from forge_jax._src.transforms import sgd
 from forge_jax._src.transforms import adamw
 from forge_jax._src.transforms import scale_by_adamw
 
@@ -27,14 +45,32 @@ __all__ = [
     "ForgeTransformation",
     "FusedTrainStep",
     "ScaleByAdamWState",
+    "ScaleByLionState",
+    "ScaleByMomentumState",
+    "ScaleByRmsState",
+    "ScaleByRssState",
+    "ScaleBySgdState",
     "TrainState",
+    "adagrad",
     "adamw",
     "fused_kernel_paths",
     "fused_step",
     "latest_checkpoint_step",
+    "lion",
     "make_train_step",
+    "nadamw",
+    "radam",
     "restore_checkpoint",
+    "rmsprop",
     "rules",
     "save_checkpoint",
     "scale_by_adamw",
+    "scale_by_lion",
+    "scale_by_momentum",
+    "scale_by_nadamw",
+    "scale_by_radam",
+    "scale_by_rms",
+    "scale_by_rss",
+    "scale_by_sgd",
+    "sgd",
 ]

@@ -155,8 +155,8 @@ class ForgeDense(nn.Module):
   Fields up to ``promote_dtype`` are those of ``flax.linen.Dense`` with the
   same defaults and parameter names (``kernel``, ``bias``).
 
-  The kernel's optimizer state (e.g. AdamW's ``mu`` and ``nu``, fp32, shape
-  (in, features)) lives in the variable collection ``'forge_state'`` with a
+  The kernel's optimizer state (e.g. AdamW's ``mu`` and ``nu``, AdaGrad's
+  ``sum_of_squares``, SGD momentum's ``trace``; fp32, shape (in, features)) lives in the variable collection ``'forge_state'`` with a
   scalar ``probe`` that counts backward passes. ``model.init`` creates it.
 
   In a fused step (:func:`forge_jax.make_train_step`) the backward pass
@@ -176,8 +176,9 @@ class ForgeDense(nn.Module):
     promote_dtype: as in ``flax.linen.Dense``.
     dot_general, dot_general_cls: as in ``flax.linen.Dense``; only without an
       optimizer (a fused layer computes its own matmuls).
-    optimizer: a :class:`forge_jax.ForgeTransformation` (e.g.
-      ``forge_jax.adamw(1e-3)``) run fused on the kernel. ``None`` makes a
+    optimizer: a :class:`forge_jax.ForgeTransformation` (``forge_jax.adamw``,
+      ``nadamw``, ``radam``, ``lion``, ``rmsprop``, ``adagrad``, ``sgd``) run
+      fused on the kernel. ``None`` makes a
       plain Dense without optimizer state, in a fused step too (its kernel is
       then trained by the step's optax ``tx``).
     implementation: ``'xla'``, ``'triton'`` or ``None`` (the fused step's
@@ -233,8 +234,10 @@ class ForgeDense(nn.Module):
                        self.param_dtype) if self.use_bias else None)
     if self.optimizer is not None and self.is_mutable_collection(FORGE_STATE):
       # Created by model.init; a plain apply without the collection is Dense.
-      for name in self.optimizer.rule.state_names:
-        self.variable(FORGE_STATE, name, jnp.zeros, kernel.shape, jnp.float32)
+      for name, value in zip(self.optimizer.rule.state_names,
+                             self.optimizer.state_init):
+        self.variable(FORGE_STATE, name, functools.partial(
+            jnp.full, fill_value=value, dtype=jnp.float32), kernel.shape)
       self.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
 
     ctx = current_context()

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 Array = jax.Array
 # (grad, param, state, hyperparams, count) -> (direction, new_state)
@@ -180,3 +181,191 @@ ADAMW = ElementwiseRule(
              ("one_minus_b2", lambda hp: 1 - hp["b2"])),
     check=_check_adam,
 )
+
+
+def _check_range(**ranges):
+  """A ``check`` for hyperparameters that must lie in [low, high)."""
+  def check(hp: Mapping[str, Any]) -> None:
+    for n, (low, high) in ranges.items():
+      if n in hp and not low <= float(hp[n]) < high:
+        raise ValueError(f"{n}={float(hp[n])} must be in [{low}, {high})")
+    if "weight_decay" in hp and not float(hp["weight_decay"]) >= 0.0:
+      raise ValueError(f"weight_decay={float(hp['weight_decay'])} must be >= 0")
+  return check
+
+
+def _nadamw_direction(grad, param, state, hp, count):
+  """NAdam with decoupled weight decay (Dozat 2016), optax's arithmetic.
+
+  Adam's moments; the first is corrected with Nesterov's look-ahead:
+  mu_hat = b1 mu / (1 - b1^(t+1)) + (1 - b1) g / (1 - b1^t).
+  """
+  mu, nu = state
+  b1, b2 = hp["b1"], hp["b2"]
+  mu = hp["one_minus_b1"] * grad + b1 * mu
+  nu = hp["one_minus_b2"] * (grad * grad) + b2 * nu
+  mu_hat = (b1 * (mu / (1 - b1**(count + 1)))
+            + hp["one_minus_b1"] * (grad / (1 - b1**count)))
+  nu_hat = nu / (1 - b2**count)
+  direction = mu_hat / (jnp.sqrt(nu_hat) + hp["eps"]) + hp["weight_decay"] * param
+  return direction, (mu, nu)
+
+
+def _radam_direction(grad, param, state, hp, count):
+  """Rectified Adam (Liu et al., arXiv 1908.03265), optax's arithmetic.
+
+  rho_t = rho_inf - 2 t b2^t / (1 - b2^t); while rho_t < threshold the step
+  is the bias-corrected momentum alone, then Adam's step times the
+  rectification r_t.
+  """
+  mu, nu = state
+  b1, b2 = hp["b1"], hp["b2"]
+  mu = hp["one_minus_b1"] * grad + b1 * mu
+  nu = hp["one_minus_b2"] * (grad * grad) + b2 * nu
+  b2t = b2**count
+  ro = hp["ro_inf"] - 2 * count * b2t / (1 - b2t)
+  mu_hat = mu / (1 - b1**count)
+  nu_hat = nu / (1 - b2t)
+  r = jnp.sqrt((ro - 4.0) * (ro - 2.0) * hp["ro_inf"] / (hp["ro_denominator"] * ro))
+  adam = r * mu_hat / (jnp.sqrt(nu_hat) + hp["eps"])
+  direction = jnp.where(ro >= hp["threshold"], adam, mu_hat)
+  return direction + hp["weight_decay"] * param, (mu, nu)
+
+
+def _lion_direction(grad, param, state, hp, count):
+  """Lion (Chen et al., arXiv 2302.06675), optax's arithmetic.
+
+  direction = sign((1 - b1) g + b1 mu) + wd * param;
+  mu <- (1 - b2) g + b2 mu.
+  """
+  del count
+  (mu,) = state
+  direction = jnp.sign(hp["one_minus_b1"] * grad + hp["b1"] * mu)
+  mu = hp["one_minus_b2"] * grad + hp["b2"] * mu
+  return direction + hp["weight_decay"] * param, (mu,)
+
+
+def _rmsprop_direction(grad, param, state, hp, count):
+  """RMSprop (Tieleman & Hinton 2012), optax.rmsprop's arithmetic.
+
+  nu <- decay nu + (1 - decay) g^2;  direction = g / sqrt(nu + eps).
+  """
+  del count
+  (nu,) = state
+  nu = hp["one_minus_decay"] * (grad * grad) + hp["decay"] * nu
+  direction = lax.rsqrt(nu + hp["eps"]) * grad
+  return direction + hp["weight_decay"] * param, (nu,)
+
+
+def _adagrad_direction(grad, param, state, hp, count):
+  """AdaGrad (Duchi et al. 2011), optax.adagrad's arithmetic.
+
+  sum_of_squares <- sum_of_squares + g^2;
+  direction = g / sqrt(sum_of_squares + eps) (0 where the sum is 0).
+  """
+  del count
+  (sum_of_squares,) = state
+  sum_of_squares = grad * grad + sum_of_squares
+  scale = jnp.where(sum_of_squares > 0,
+                    lax.rsqrt(sum_of_squares + hp["eps"]), 0.0)
+  return scale * grad + hp["weight_decay"] * param, (sum_of_squares,)
+
+
+def _sgd_direction(grad, param, state, hp, count):
+  """Plain SGD: direction = g + wd * param."""
+  del state, count
+  return grad + hp["weight_decay"] * param, ()
+
+
+def _momentum_direction(nesterov: bool):
+  def direction_fn(grad, param, state, hp, count):
+    """SGD with (Nesterov) momentum, optax.trace's arithmetic.
+
+    trace <- g + momentum * trace; direction = trace, or with Nesterov
+    g + momentum * trace (the new trace).
+    """
+    del count
+    (trace,) = state
+    trace = grad + hp["momentum"] * trace
+    direction = grad + hp["momentum"] * trace if nesterov else trace
+    return direction + hp["weight_decay"] * param, (trace,)
+  return direction_fn
+
+
+_ONE_MINUS_B = (("one_minus_b1", lambda hp: 1 - hp["b1"]),
+                ("one_minus_b2", lambda hp: 1 - hp["b2"]))
+
+NADAMW = ElementwiseRule(
+    name="nadamw",
+    state_names=("mu", "nu"),
+    hyperparam_names=("learning_rate", "b1", "b2", "eps", "weight_decay"),
+    direction=_nadamw_direction,
+    derived=_ONE_MINUS_B,
+    check=_check_adam,
+)
+
+RADAM = ElementwiseRule(
+    name="radam",
+    state_names=("mu", "nu"),
+    hyperparam_names=("learning_rate", "b1", "b2", "eps", "threshold",
+                      "weight_decay"),
+    direction=_radam_direction,
+    derived=_ONE_MINUS_B + (
+        ("ro_inf", lambda hp: 2.0 / (1.0 - hp["b2"]) - 1.0),
+        ("ro_denominator", lambda hp: ((2.0 / (1.0 - hp["b2"]) - 5.0)
+                                       * (2.0 / (1.0 - hp["b2"]) - 3.0)))),
+    check=_check_adam,
+)
+
+LION = ElementwiseRule(
+    name="lion",
+    state_names=("mu",),
+    hyperparam_names=("learning_rate", "b1", "b2", "weight_decay"),
+    direction=_lion_direction,
+    derived=_ONE_MINUS_B,
+    check=_check_range(b1=(0.0, 1.0), b2=(0.0, 1.0)),
+)
+
+RMSPROP = ElementwiseRule(
+    name="rmsprop",
+    state_names=("nu",),
+    hyperparam_names=("learning_rate", "decay", "eps", "weight_decay"),
+    direction=_rmsprop_direction,
+    derived=(("one_minus_decay", lambda hp: 1 - hp["decay"]),),
+    check=_check_range(decay=(0.0, 1.0), eps=(0.0, float("inf"))),
+)
+
+ADAGRAD = ElementwiseRule(
+    name="adagrad",
+    state_names=("sum_of_squares",),
+    hyperparam_names=("learning_rate", "eps", "weight_decay"),
+    direction=_adagrad_direction,
+    check=_check_range(eps=(0.0, float("inf"))),
+)
+
+SGD = ElementwiseRule(
+    name="sgd",
+    state_names=(),
+    hyperparam_names=("learning_rate", "weight_decay"),
+    direction=_sgd_direction,
+    check=_check_range(),
+)
+
+SGD_MOMENTUM = ElementwiseRule(
+    name="sgd_momentum",
+    state_names=("trace",),
+    hyperparam_names=("learning_rate", "momentum", "weight_decay"),
+    direction=_momentum_direction(nesterov=False),
+    check=_check_range(momentum=(0.0, 1.0)),
+)
+
+SGD_NESTEROV = ElementwiseRule(
+    name="sgd_nesterov",
+    state_names=("trace",),
+    hyperparam_names=("learning_rate", "momentum", "weight_decay"),
+    direction=_momentum_direction(nesterov=True),
+    check=_check_range(momentum=(0.0, 1.0)),
+)
+
+ALL_RULES = (ADAMW, NADAMW, RADAM, LION, RMSPROP, ADAGRAD, SGD, SGD_MOMENTUM,
+             SGD_NESTEROV)

@@ -30,6 +30,7 @@ class _FusedUpdate:
   fn: Callable[..., Any]
   rule: rules_lib.ElementwiseRule
   hyperparams: Mapping[str, ScalarOrSchedule]
+  state_init: tuple[float, ...]
 
   def __call__(self, updates, state, params=None, **extra_args):
     return self.fn(updates, state, params, **extra_args)
@@ -49,13 +50,27 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
   @classmethod
   def create(cls, tx: optax.GradientTransformation,
              rule: rules_lib.ElementwiseRule,
-             hyperparams: Mapping[str, ScalarOrSchedule]) -> "ForgeTransformation":
-    """Wraps ``tx`` (which must compute ``rule``) with its fused description."""
+             hyperparams: Mapping[str, ScalarOrSchedule],
+             state_init: tuple[float, ...] | None = None) -> "ForgeTransformation":
+    """Wraps ``tx`` (which must compute ``rule``) with its fused description.
+
+    ``state_init`` gives each state array's initial value (default zeros).
+    """
     missing = set(rule.hyperparam_names) - set(hyperparams)
     if missing:
       raise ValueError(f"hyperparams is missing {sorted(missing)}")
+    if state_init is None:
+      state_init = (0.0,) * len(rule.state_names)
+    if len(state_init) != len(rule.state_names):
+      raise ValueError(f"state_init needs one value per {rule.state_names}")
     tx = optax.with_extra_args_support(tx)
-    return cls(tx.init, _FusedUpdate(tx.update, rule, dict(hyperparams)))
+    return cls(tx.init, _FusedUpdate(tx.update, rule, dict(hyperparams),
+                                     tuple(float(v) for v in state_init)))
+
+  @property
+  def state_init(self) -> tuple[float, ...]:
+    """Initial value of each state array, ordered like ``rule.state_names``."""
+    return self.update.state_init
 
   @property
   def rule(self) -> rules_lib.ElementwiseRule:
@@ -93,8 +108,61 @@ def _validate(rule: rules_lib.ElementwiseRule, hyperparams: Mapping[str, Any]):
                         for n, v in hyperparams.items()})
 
 
+def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
+                   state_cls, state_init: tuple[float, ...] | None = None,
+                   ) -> optax.GradientTransformation:
+  """The optax transformation of ``rule``: its direction, no learning rate.
+
+  State: ``state_cls(count, *state arrays)``, each array fp32 and shaped like
+  its param. ``update`` needs ``params``; updates keep each param's dtype.
+  """
+  hp = {rules_lib.LEARNING_RATE: 0.0, **hp}
+  _validate(rule, hp)
+  state_init = state_init or (0.0,) * len(rule.state_names)
+
+  def init_fn(params):
+    arrays = {n: jax.tree.map(
+        lambda p, v=v: jnp.full(jnp.shape(p), v, jnp.float32), params)
+              for n, v in zip(rule.state_names, state_init)}
+    return state_cls(count=jnp.zeros([], jnp.int32), **arrays)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError(f"{rule.name}: update needs params (for weight decay):"
+                       " call update(updates, state, params)")
+    count = optax.safe_increment(state.count)
+    hpv = rule.hyperparams_f32(hp)
+    count_f = count.astype(jnp.float32)
+
+    def leaf(g, p, *arrays):
+      direction, new = rule.direction(
+          g.astype(jnp.float32), p.astype(jnp.float32), arrays, hpv, count_f)
+      return (direction.astype(p.dtype), *new)
+
+    treedef = jax.tree.structure(updates)
+    arrays = [treedef.flatten_up_to(getattr(state, n)) for n in rule.state_names]
+    out = [leaf(g, p, *a) for g, p, *a in zip(
+        treedef.flatten_up_to(updates), treedef.flatten_up_to(params), *arrays)]
+    columns = [jax.tree.unflatten(treedef, list(col)) for col in zip(*out)]
+    if not out:  # an empty tree
+      columns = [updates] + [updates] * len(rule.state_names)
+    direction, new = columns[0], columns[1:]
+    return direction, state_cls(count=count, **dict(zip(rule.state_names, new)))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _alias(rule, learning_rate, hp, scale_by, state_init=None):
+  """``chain(scale_by, scale_by_learning_rate)`` carrying its fused form."""
+  full = {rules_lib.LEARNING_RATE: learning_rate, **hp}
+  _validate(rule, full)
+  tx = optax.chain(scale_by, optax.scale_by_learning_rate(learning_rate))
+  return ForgeTransformation.create(tx, rule, full, state_init)
+
+
 class ScaleByAdamWState(NamedTuple):
-  """State of :func:`scale_by_adamw`."""
+  """State of :func:`scale_by_adamw`, :func:`scale_by_nadamw` and
+  :func:`scale_by_radam`."""
 
   count: jax.Array  # int32 (), number of updates so far.
   mu: optax.Updates  # First moment, fp32, shaped like params.
@@ -129,42 +197,16 @@ def scale_by_adamw(
     An ``optax.GradientTransformation`` with state :class:`ScaleByAdamWState`.
     Its ``update`` needs ``params``; updates keep each param's dtype.
 
+  Raises:
+    ValueError: for b1 or b2 outside [0, 1), negative eps or weight_decay.
+
   References:
     Loshchilov & Hutter, Decoupled Weight Decay Regularization,
     https://arxiv.org/abs/1711.05101
   """
-  rule = rules_lib.ADAMW
-  hp = {"learning_rate": 0.0, "b1": b1, "b2": b2, "eps": eps,
-        "weight_decay": weight_decay}
-  _validate(rule, hp)
-
-  def init_fn(params):
-    zeros = lambda p: jnp.zeros(jnp.shape(p), jnp.float32)  # noqa: E731
-    return ScaleByAdamWState(
-        count=jnp.zeros([], jnp.int32),
-        mu=jax.tree.map(zeros, params),
-        nu=jax.tree.map(zeros, params))
-
-  def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError("scale_by_adamw needs params (for weight decay): call "
-                       "update(updates, state, params)")
-    count = optax.safe_increment(state.count)
-    hpv = rule.hyperparams_f32(hp)
-    count_f = count.astype(jnp.float32)
-
-    def leaf(g, p, mu, nu):
-      direction, (mu, nu) = rule.direction(
-          g.astype(jnp.float32), p.astype(jnp.float32), (mu, nu), hpv, count_f)
-      return direction.astype(p.dtype), mu, nu
-
-    out = jax.tree.map(leaf, updates, params, state.mu, state.nu)
-    treedef = jax.tree.structure(updates)
-    direction, mu, nu = (jax.tree.unflatten(treedef, leaves) for leaves in
-                         zip(*treedef.flatten_up_to(out)))
-    return direction, ScaleByAdamWState(count=count, mu=mu, nu=nu)
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return _scale_by_rule(
+      rules_lib.ADAMW, dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
+      ScaleByAdamWState)
 
 
 def adamw(
@@ -195,10 +237,203 @@ def adamw(
     >>> state = tx.init(params)
     >>> updates, state = tx.update({'w': jnp.ones(3)}, state, params)
   """
-  hp = {"learning_rate": learning_rate, "b1": b1, "b2": b2, "eps": eps,
-        "weight_decay": weight_decay}
-  _validate(rules_lib.ADAMW, hp)
-  tx = optax.chain(
-      scale_by_adamw(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
-      optax.scale_by_learning_rate(learning_rate))
-  return ForgeTransformation.create(tx, rules_lib.ADAMW, hp)
+  hp = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  return _alias(rules_lib.ADAMW, learning_rate, hp, scale_by_adamw(**hp))
+
+
+def scale_by_nadamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                    weight_decay: float = 1e-4) -> optax.GradientTransformation:
+  r"""NAdam's direction with decoupled weight decay (``forge_jax.rules.NADAMW``).
+
+  Adam's moments, the first corrected with Nesterov's look-ahead:
+  :math:`\hat m_t = \beta_1 m_t / (1-\beta_1^{t+1}) + (1-\beta_1) g_t /
+  (1-\beta_1^t)`; numerically ``optax.scale_by_adam(nesterov=True)`` then
+  ``optax.add_decayed_weights``. State :class:`ScaleByAdamWState`.
+
+  References:
+    Dozat, Incorporating Nesterov Momentum into Adam, ICLR workshop 2016.
+  """
+  return _scale_by_rule(
+      rules_lib.NADAMW, dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
+      ScaleByAdamWState)
+
+
+def nadamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+           eps: float = 1e-8, weight_decay: float = 1e-4) -> ForgeTransformation:
+  """NAdamW; numerically ``optax.nadamw`` (same names and defaults)."""
+  hp = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  return _alias(rules_lib.NADAMW, learning_rate, hp, scale_by_nadamw(**hp))
+
+
+def scale_by_radam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   threshold: float = 5.0, weight_decay: float = 0.0,
+                   ) -> optax.GradientTransformation:
+  r"""Rectified Adam's direction (``forge_jax.rules.RADAM``).
+
+  :math:`\rho_t = \rho_\infty - 2t\beta_2^t/(1-\beta_2^t)`; below
+  ``threshold`` the step is the bias-corrected momentum, above it Adam's step
+  times the rectification :math:`r_t`. Numerically ``optax.scale_by_radam``
+  (plus decoupled weight decay, 0 by default). State :class:`ScaleByAdamWState`.
+
+  References:
+    Liu et al., On the Variance of the Adaptive Learning Rate and Beyond,
+    https://arxiv.org/abs/1908.03265
+  """
+  return _scale_by_rule(
+      rules_lib.RADAM, dict(b1=b1, b2=b2, eps=eps, threshold=threshold,
+                            weight_decay=weight_decay), ScaleByAdamWState)
+
+
+def radam(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8, threshold: float = 5.0,
+          weight_decay: float = 0.0) -> ForgeTransformation:
+  """RAdam; numerically ``optax.radam`` when ``weight_decay=0``."""
+  hp = dict(b1=b1, b2=b2, eps=eps, threshold=threshold, weight_decay=weight_decay)
+  return _alias(rules_lib.RADAM, learning_rate, hp, scale_by_radam(**hp))
+
+
+class ScaleByLionState(NamedTuple):
+  """State of :func:`scale_by_lion`."""
+
+  count: jax.Array  # int32 (), number of updates so far.
+  mu: optax.Updates  # Momentum, fp32, shaped like params.
+
+
+def scale_by_lion(b1: float = 0.9, b2: float = 0.99,
+                  weight_decay: float = 1e-3) -> optax.GradientTransformation:
+  r"""Lion's direction (``forge_jax.rules.LION``).
+
+  :math:`u_t = \mathrm{sign}((1-\beta_1) g_t + \beta_1 m_{t-1}) + \lambda p_t`,
+  :math:`m_t = (1-\beta_2) g_t + \beta_2 m_{t-1}`; numerically
+  ``optax.scale_by_lion`` then ``optax.add_decayed_weights``.
+
+  References:
+    Chen et al., Symbolic Discovery of Optimization Algorithms,
+    https://arxiv.org/abs/2302.06675
+  """
+  return _scale_by_rule(rules_lib.LION,
+                        dict(b1=b1, b2=b2, weight_decay=weight_decay),
+                        ScaleByLionState)
+
+
+def lion(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.99,
+         weight_decay: float = 1e-3) -> ForgeTransformation:
+  """Lion; numerically ``optax.lion`` (same names and defaults)."""
+  hp = dict(b1=b1, b2=b2, weight_decay=weight_decay)
+  return _alias(rules_lib.LION, learning_rate, hp, scale_by_lion(**hp))
+
+
+class ScaleByRmsState(NamedTuple):
+  """State of :func:`scale_by_rms`."""
+
+  count: jax.Array  # int32 (), number of updates so far.
+  nu: optax.Updates  # Moving average of g², fp32, shaped like params.
+
+
+def scale_by_rms(decay: float = 0.9, eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> optax.GradientTransformation:
+  r"""RMSprop's direction (``forge_jax.rules.RMSPROP``).
+
+  :math:`\nu_t = \delta \nu_{t-1} + (1-\delta) g_t^2`,
+  :math:`u_t = g_t / \sqrt{\nu_t + \epsilon}`; numerically
+  ``optax.scale_by_rms`` (eps inside the root, no bias correction, initial
+  scale 0).
+
+  References:
+    Tieleman & Hinton, Lecture 6.5 - RMSProp, COURSERA 2012.
+  """
+  return _scale_by_rule(rules_lib.RMSPROP,
+                        dict(decay=decay, eps=eps, weight_decay=weight_decay),
+                        ScaleByRmsState)
+
+
+def rmsprop(learning_rate: ScalarOrSchedule, decay: float = 0.9,
+            eps: float = 1e-8, weight_decay: float = 0.0) -> ForgeTransformation:
+  """RMSprop; numerically ``optax.rmsprop`` with its defaults."""
+  hp = dict(decay=decay, eps=eps, weight_decay=weight_decay)
+  return _alias(rules_lib.RMSPROP, learning_rate, hp, scale_by_rms(**hp))
+
+
+class ScaleByRssState(NamedTuple):
+  """State of :func:`scale_by_rss`."""
+
+  count: jax.Array  # int32 (), number of updates so far.
+  sum_of_squares: optax.Updates  # Sum of g², fp32, shaped like params.
+
+
+def scale_by_rss(initial_accumulator_value: float = 0.1, eps: float = 1e-7,
+                 weight_decay: float = 0.0) -> optax.GradientTransformation:
+  r"""AdaGrad's direction (``forge_jax.rules.ADAGRAD``).
+
+  :math:`s_t = s_{t-1} + g_t^2` from ``initial_accumulator_value``,
+  :math:`u_t = g_t / \sqrt{s_t + \epsilon}`; numerically ``optax.scale_by_rss``.
+
+  References:
+    Duchi et al., Adaptive Subgradient Methods, JMLR 2011.
+  """
+  return _scale_by_rule(rules_lib.ADAGRAD, dict(eps=eps, weight_decay=weight_decay),
+                        ScaleByRssState, (initial_accumulator_value,))
+
+
+def adagrad(learning_rate: ScalarOrSchedule,
+            initial_accumulator_value: float = 0.1, eps: float = 1e-7,
+            weight_decay: float = 0.0) -> ForgeTransformation:
+  """AdaGrad; numerically ``optax.adagrad`` (same names and defaults)."""
+  if not initial_accumulator_value >= 0:
+    raise ValueError(f"initial_accumulator_value={initial_accumulator_value} "
+                     "must be >= 0")
+  hp = dict(eps=eps, weight_decay=weight_decay)
+  return _alias(rules_lib.ADAGRAD, learning_rate, hp,
+                scale_by_rss(initial_accumulator_value, **hp),
+                (initial_accumulator_value,))
+
+
+class ScaleBySgdState(NamedTuple):
+  """State of :func:`scale_by_sgd`."""
+
+  count: jax.Array  # int32 (), number of updates so far.
+
+
+class ScaleByMomentumState(NamedTuple):
+  """State of :func:`scale_by_momentum`."""
+
+  count: jax.Array  # int32 (), number of updates so far.
+  trace: optax.Updates  # Momentum buffer, fp32, shaped like params.
+
+
+def scale_by_sgd(weight_decay: float = 0.0) -> optax.GradientTransformation:
+  """Plain SGD's direction, ``g + weight_decay * param`` (``rules.SGD``)."""
+  return _scale_by_rule(rules_lib.SGD, dict(weight_decay=weight_decay),
+                        ScaleBySgdState)
+
+
+def scale_by_momentum(momentum: float = 0.9, nesterov: bool = False,
+                      weight_decay: float = 0.0) -> optax.GradientTransformation:
+  r"""SGD momentum's direction (``rules.SGD_MOMENTUM`` / ``SGD_NESTEROV``).
+
+  :math:`b_t = g_t + \mu b_{t-1}`; the direction is :math:`b_t`, or with
+  Nesterov :math:`g_t + \mu b_t`; numerically ``optax.trace``.
+  """
+  rule = rules_lib.SGD_NESTEROV if nesterov else rules_lib.SGD_MOMENTUM
+  return _scale_by_rule(rule, dict(momentum=momentum, weight_decay=weight_decay),
+                        ScaleByMomentumState)
+
+
+def sgd(learning_rate: ScalarOrSchedule, momentum: float | None = None,
+        nesterov: bool = False, weight_decay: float = 0.0) -> ForgeTransformation:
+  """SGD, with momentum (optionally Nesterov) when ``momentum`` is given.
+
+  Numerically ``optax.sgd`` (same names) when ``weight_decay=0``.
+
+  Raises:
+    ValueError: for ``nesterov=True`` without ``momentum``.
+  """
+  if momentum is None:
+    if nesterov:
+      raise ValueError("nesterov=True needs a momentum")
+    hp = dict(weight_decay=weight_decay)
+    return _alias(rules_lib.SGD, learning_rate, hp, scale_by_sgd(**hp))
+  hp = dict(momentum=momentum, weight_decay=weight_decay)
+  rule = rules_lib.SGD_NESTEROV if nesterov else rules_lib.SGD_MOMENTUM
+  return _alias(rule, learning_rate, hp, scale_by_momentum(
+      momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
