@@ -15,16 +15,18 @@ from forge_jax import latest_checkpoint_step
 
 class Net(nn.Module):
   width: int = 12
+  param_dtype: object = jnp.float32
 
   @nn.compact
   def __call__(self, x):
     opt = fj.adamw(optax.cosine_decay_schedule(1e-2, 20), weight_decay=0.05)
-    h = nn.tanh(fj.ForgeDense(self.width, optimizer=opt, name="fc1")(x))
+    h = nn.tanh(fj.ForgeDense(self.width, optimizer=opt, param_dtype=self.param_dtype,
+                              name="fc1")(x))
     return nn.Dense(3, name="head")(h)
 
 
-def _setup(rng, width=12):
-  model = Net(width)
+def _setup(rng, width=12, param_dtype=jnp.float32):
+  model = Net(width, param_dtype)
   x = jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)
   y = jnp.asarray(rng.standard_normal((6, 3)), jnp.float32)
   v = model.init(jax.random.key(0), x)
@@ -40,8 +42,11 @@ def _leaves(state):
       (state.step, state.params, state.forge_state, state.opt_state))]
 
 
-def test_resume_is_bit_identical(rng, tmp_path):
-  state, step, batch = _setup(rng)
+@pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])
+def test_resume_is_bit_identical(rng, tmp_path, param_dtype):
+  """bf16 kernels too: the stochastic-rounding seed is in the checkpoint."""
+  state, step, batch = _setup(rng, param_dtype=param_dtype)
+  state = state.replace(seed=jnp.asarray(1234, jnp.uint32))
   template = jax.tree.map(jnp.copy, state)
   for _ in range(3):
     state, _ = step(state, batch)

@@ -120,7 +120,9 @@ def test_explicit_triton_never_falls_back(rng):
     (lambda a: {**a, "w": a["w"].T}, "w must have shape"),
     (lambda a: {**a, "x": a["x"].astype(jnp.float16)}, "x.dtype=float16"),
     (lambda a: {**a, "dy": a["dy"].astype(jnp.bfloat16)}, "must match"),
-    (lambda a: {**a, "w": a["w"].astype(jnp.bfloat16)}, "w.dtype=bfloat16"),
+    (lambda a: {**a, "w": a["w"].astype(jnp.float16)}, "w.dtype=float16"),
+    (lambda a: {**a, "seed": jnp.uint32(3)}, "needs bfloat16 w"),
+    (lambda a: {**a, "w": a["w"].astype(jnp.bfloat16), "seed": 1.5}, "seed must be an integer"),
     (lambda a: {**a, "state": a["state"][:1]}, "state must hold 2"),
     (lambda a: {**a, "state": (a["state"][0][:, :2], a["state"][1])}, "state 'mu'"),
     (lambda a: {**a, "hparams": a["hparams"][:3]}, "hparams must be float32"),
@@ -139,20 +141,57 @@ def test_bad_config_is_refused(field, value):
     FusedDWConfig(**{field: value})
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_lowers_to_triton_with_aliased_outputs(dtype):
+@pytest.mark.parametrize("dtype,w_dtype,seeded", [
+    (jnp.float32, jnp.float32, False), (jnp.bfloat16, jnp.float32, False),
+    (jnp.bfloat16, jnp.bfloat16, False), (jnp.bfloat16, jnp.bfloat16, True)])
+def test_kernel_lowers_to_triton_with_aliased_outputs(dtype, w_dtype, seeded):
   """The compiled path's Triton IR builds here too (no GPU needed to lower)."""
   from pallas_kernels.fused_dw import kernel_triton
 
-  def f(x, dy, w, mu, nu, hp):
+  def f(x, dy, w, mu, nu, hp, seed):
     return kernel_triton.fused_dw_update_triton(
         x, dy, w, (mu, nu), hp, rule=ADAMW,
-        config=FusedDWConfig.default(300, 257, 130, dtype), interpret=False)
+        config=FusedDWConfig.default(300, 257, 130, dtype), interpret=False,
+        seed=seed if seeded else None)
 
   sds = jax.ShapeDtypeStruct
-  args = [sds((300, 257), dtype), sds((300, 130), dtype)]
-  args += [sds((257, 130), jnp.float32)] * 3 + [sds((ADAMW.num_hyperparams,), jnp.float32)]
+  args = [sds((300, 257), dtype), sds((300, 130), dtype), sds((257, 130), w_dtype)]
+  args += [sds((257, 130), jnp.float32)] * 2
+  args += [sds((ADAMW.num_hyperparams,), jnp.float32), sds((), jnp.uint32)]
   text = jax.jit(f, donate_argnums=(2, 3, 4)).trace(*args).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "__gpu$xla.gpu.triton" in text
   assert text.count("output_operand_aliases") >= 1
+
+
+@pytest.mark.parametrize("impl,interpret", BACKENDS)
+@pytest.mark.parametrize("seed", [None, 1234])
+def test_bf16_weights_match_the_reference(rng, impl, interpret, seed):
+  """bf16 w: fp32 update, then rounding (stochastic with a seed)."""
+  x, dy, w, state, hp = _inputs(rng, 70, 45, 33, jnp.bfloat16)
+  w = w.astype(jnp.bfloat16)
+  seed = None if seed is None else jnp.uint32(seed)
+  ref_w, ref_state = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW, seed=seed)
+  got_w, got_state = fused_dw_update(
+      x, dy, w, state, hp, rule=ADAMW, implementation=impl, interpret=interpret,
+      config=SMALL if interpret else None, seed=seed)
+  assert got_w.dtype == jnp.bfloat16
+  # Same random bits per element; the fp32 sums differ in order only, which
+  # can move a value across a rounding boundary in rare elements.
+  a, b = np.asarray(got_w, np.float32), np.asarray(ref_w, np.float32)
+  ulp = np.abs(b) * 2.0**-7
+  assert np.all(np.abs(a - b) <= ulp + 1e-30)
+  assert np.mean(a != b) < 0.01
+  for g, r in zip(got_state, ref_state):
+    assert rel_err(g, r) < 1e-5
+
+
+def test_stochastic_rounding_is_tile_independent(rng):
+  x, dy, w, state, hp = _inputs(rng, 40, 64, 64, jnp.bfloat16)
+  w = w.astype(jnp.bfloat16)
+  outs = [fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation="triton",
+                          interpret=True, seed=jnp.uint32(9),
+                          config=FusedDWConfig(bm, bn, 16, 1, 4, 1))[0]
+          for bm, bn in ((16, 16), (32, 64), (64, 32))]
+  for o in outs[1:]:
+    np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(outs[0], np.float32))

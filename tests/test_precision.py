@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
-from forge_jax._src import precision
+from pallas_kernels import precision
 
 
 def test_exact_bf16_values_inf_and_nan_are_unchanged(rng):

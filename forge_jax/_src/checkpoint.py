@@ -13,7 +13,8 @@ import orbax.checkpoint as ocp
 
 def _arrays(state) -> dict[str, Any]:
   return {"step": state.step, "params": state.params,
-          "forge_state": state.forge_state, "opt_state": state.opt_state}
+          "forge_state": state.forge_state, "opt_state": state.opt_state,
+          "seed": state.seed}
 
 
 def _manager(directory: str | os.PathLike, max_to_keep: int | None = None):
@@ -30,7 +31,7 @@ def save_checkpoint(
     max_to_keep: int | None = 2,
     overwrite: bool = False,
 ) -> int:
-  """Saves ``state`` (params, fused-layer state, optax state, step) at its step.
+  """Saves ``state`` (params, fused-layer state, optax state, step, seed).
 
   Args:
     directory: checkpoint root; each step is a subdirectory.

@@ -16,12 +16,14 @@ import dataclasses
 import functools
 import numbers
 import threading
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax.linen.dtypes import promote_dtype
 from jax import lax
 
@@ -51,12 +53,15 @@ class FusedContext:
     step: int32 scalar, number of updates done so far (0 at the first step).
     implementation: default kernel implementation for layers that name none.
     interpret: run Pallas kernels in interpret mode.
+    seed: uint32 scalar, the run's stochastic-rounding seed (each layer mixes
+      in a hash of its path).
     backward_traces: module path -> number of times its backward was traced.
   """
 
   step: jax.Array
   implementation: str | None = None
   interpret: bool = False
+  seed: jax.Array | None = None
   backward_traces: dict[tuple[str, ...], int] = dataclasses.field(
       default_factory=dict)
 
@@ -110,17 +115,17 @@ def _matmul(spec: _Spec, x, kernel):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _forge_linear(spec, x, kernel, state, hparams, probe):
-  del state, hparams, probe
+def _forge_linear(spec, x, kernel, state, hparams, probe, seed):
+  del state, hparams, probe, seed
   return _matmul(spec, x, kernel)
 
 
-def _forge_linear_fwd(spec, x, kernel, state, hparams, probe):
-  return _matmul(spec, x, kernel), (x, kernel, state, hparams, probe)
+def _forge_linear_fwd(spec, x, kernel, state, hparams, probe, seed):
+  return _matmul(spec, x, kernel), (x, kernel, state, hparams, probe, seed)
 
 
 def _forge_linear_bwd(spec, residuals, dy):
-  x, kernel, state, hparams, probe = residuals
+  x, kernel, state, hparams, probe, seed = residuals
   spec.context.record_backward(spec.path)
   # dx reads the old kernel; the fused kernel then overwrites it in place.
   # XLA orders the two by itself (experiments/inplace_memory.py checks the
@@ -132,13 +137,14 @@ def _forge_linear_bwd(spec, residuals, dy):
   new_kernel, new_state = fused_dw.fused_dw_update(
       x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]).astype(x.dtype),
       kernel, state, hparams, rule=spec.rule,
-      implementation=spec.implementation, interpret=spec.interpret)
+      implementation=spec.implementation, interpret=spec.interpret, seed=seed)
   # The probe's cotangent counts how often this backward ran (1 when used
   # exactly once). Adding a zero that depends on dy makes it batched wherever
   # dy is, so under vmap the count is summed over the batch like the kernel's
   # cotangent. hparams get no gradient.
   probe_ct = jnp.ones_like(probe) + jnp.sum(dy[..., :0]).astype(probe.dtype)
-  return dx, new_kernel, new_state, jnp.zeros_like(hparams), probe_ct
+  seed_ct = None if seed is None else np.zeros(np.shape(seed), jax.dtypes.float0)
+  return dx, new_kernel, new_state, jnp.zeros_like(hparams), probe_ct, seed_ct
 
 
 _forge_linear.defvjp(_forge_linear_fwd, _forge_linear_bwd)
@@ -169,7 +175,8 @@ class ForgeDense(nn.Module):
     features: the number of output features.
     use_bias: whether to add a bias (not fused; trained by the step's optax tx).
     dtype: the computation dtype (default: inferred from inputs and params).
-    param_dtype: dtype of kernel and bias; float32 in fused mode.
+    param_dtype: dtype of kernel and bias; float32 or bfloat16 in fused mode
+      (a bfloat16 kernel is updated in fp32 and written back rounded).
     precision: numerical precision of the forward matmul and dx.
     kernel_init: initializer of the kernel, (in, features).
     bias_init: initializer of the bias, (features,).
@@ -183,6 +190,9 @@ class ForgeDense(nn.Module):
       then trained by the step's optax ``tx``).
     implementation: ``'xla'``, ``'triton'`` or ``None`` (the fused step's
       choice, else the kernel on a GPU and the reference elsewhere).
+    stochastic_rounding: write a bfloat16 kernel back with stochastic
+      rounding (unbiased; random bits from the step's seed, the step count,
+      the layer's path and the element index), else round to nearest.
 
   Raises (at trace time, before anything is computed):
     TypeError: if ``optimizer`` is not a ForgeTransformation.
@@ -206,6 +216,7 @@ class ForgeDense(nn.Module):
   dot_general_cls: Any = None
   optimizer: transforms_lib.ForgeTransformation | None = None
   implementation: str | None = None
+  stochastic_rounding: bool = True
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -259,9 +270,9 @@ class ForgeDense(nn.Module):
   def _fused_matmul(self, ctx: FusedContext, inputs, param_dtype):
     path = tuple(self.scope.path)
     where = "/".join(path) or "<root module>"
-    if param_dtype != jnp.float32:
+    if param_dtype not in (jnp.float32, jnp.bfloat16):
       raise ValueError(f"ForgeDense at {where!r}: param_dtype={param_dtype} is "
-                       "not supported in fused mode yet; use float32")
+                       "not supported in fused mode; use float32 or bfloat16")
     if inputs.dtype not in (jnp.float32, jnp.bfloat16):
       raise ValueError(f"ForgeDense at {where!r}: the computation dtype "
                        f"{inputs.dtype} (from inputs and dtype={self.dtype}) "
@@ -284,7 +295,12 @@ class ForgeDense(nn.Module):
                  precision=self.precision, implementation=implementation,
                  interpret=ctx.interpret, context=ctx, path=path)
     hparams = self.optimizer.packed_hyperparams(ctx.step)
-    return _forge_linear(spec, inputs, kernel, state, hparams, probe)
+    seed = None
+    if param_dtype == jnp.bfloat16 and self.stochastic_rounding:
+      base = jnp.uint32(0) if ctx.seed is None else ctx.seed
+      seed = jnp.asarray(base, jnp.uint32) ^ jnp.uint32(
+          zlib.crc32("/".join(path).encode()))
+    return _forge_linear(spec, inputs, kernel, state, hparams, probe, seed)
 
 
 def _refuse_parallel_axes(where: str, inputs, kernel) -> None:

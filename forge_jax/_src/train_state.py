@@ -122,6 +122,8 @@ class TrainState(struct.PyTreeNode):
       optimizer-state arrays (fp32, shaped like the kernel) and a probe.
     opt_state: state of ``tx`` over the params that are *not* fused kernels
       (embeddings, norms, biases, heads).
+    seed: uint32 scalar, the stochastic-rounding seed of bfloat16 fused
+      kernels (saved in checkpoints, so a resumed run rounds identically).
     apply_fn: the model's apply function (static).
     tx: optax transformation for the unfused params (static).
   """
@@ -130,18 +132,20 @@ class TrainState(struct.PyTreeNode):
   params: Any
   forge_state: Any
   opt_state: optax.OptState
+  seed: jax.Array
   apply_fn: Callable = struct.field(pytree_node=False)
   tx: optax.GradientTransformation = struct.field(pytree_node=False)
 
   @classmethod
   def create(cls, *, apply_fn: Callable, variables: Mapping[str, Any],
-             tx: optax.GradientTransformation) -> "TrainState":
+             tx: optax.GradientTransformation, seed: int = 0) -> "TrainState":
     """Builds the state from ``model.init``'s variables.
 
     Args:
       apply_fn: usually ``model.apply``.
       variables: ``{'params': ..., 'forge_state': ...}`` from ``model.init``.
       tx: optax transformation for every param that is not a fused kernel.
+      seed: the stochastic-rounding seed, a non-negative int below 2**32.
 
     Raises:
       ValueError: if ``variables`` lacks ``'params'``, or the model has fused
@@ -161,9 +165,11 @@ class TrainState(struct.PyTreeNode):
     opt_state = tx.init(other)
     if paths:
       _refuse_unsupported_tx(tx, opt_state)
+    if not isinstance(seed, int) or not 0 <= seed < 2**32:
+      raise ValueError(f"seed={seed!r} must be an int in [0, 2**32)")
     return cls(step=jnp.zeros([], jnp.int32), params=params,
                forge_state=forge_state, opt_state=opt_state,
-               apply_fn=apply_fn, tx=tx)
+               seed=jnp.asarray(seed, jnp.uint32), apply_fn=apply_fn, tx=tx)
 
   @property
   def variables(self) -> dict[str, Any]:
@@ -221,7 +227,7 @@ def fused_step(
     return loss, aux
 
   ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
-                               interpret=interpret)
+                               interpret=interpret, seed=state.seed)
   with dense_lib.fused_context(ctx):
     if paths:
       _refuse_other_uses_of_fused_kernels(

@@ -32,7 +32,7 @@ def resolve_implementation(implementation: str | None) -> str:
   return implementation
 
 
-def _check_args(x, dy, w, state, hparams, rule):
+def _check_args(x, dy, w, state, hparams, rule, seed):
   if x.ndim != 2:
     raise ValueError(f"x must be 2-D (T, in), got x.shape={x.shape}")
   if dy.ndim != 2:
@@ -50,8 +50,15 @@ def _check_args(x, dy, w, state, hparams, rule):
       raise ValueError(f"{name}.dtype={a.dtype} must be float32 or bfloat16")
   if x.dtype != dy.dtype:
     raise ValueError(f"x.dtype={x.dtype} and dy.dtype={dy.dtype} must match")
-  if w.dtype != jnp.float32:
-    raise ValueError(f"w.dtype={w.dtype} must be float32")
+  if w.dtype not in _OPERAND_DTYPES:
+    raise ValueError(f"w.dtype={w.dtype} must be float32 or bfloat16")
+  if seed is not None:
+    if w.dtype != jnp.bfloat16:
+      raise ValueError("seed (stochastic rounding) needs bfloat16 w, got "
+                       f"w.dtype={w.dtype}")
+    if jnp.ndim(seed) != 0 or not jnp.issubdtype(jnp.result_type(seed), jnp.integer):
+      raise ValueError(f"seed must be an integer scalar, got {jnp.result_type(seed)}"
+                       f"{list(jnp.shape(seed))}")
   if len(state) != len(rule.state_names):
     raise ValueError(
         f"state must hold {len(rule.state_names)} arrays {rule.state_names} "
@@ -79,6 +86,7 @@ def fused_dw_update(
     implementation: str | None = None,
     config: FusedDWConfig | None = None,
     interpret: bool = False,
+    seed: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """Fused dW = xᵀ·dY and elementwise optimizer step (FORGE, arXiv 2606.22932).
 
@@ -89,7 +97,8 @@ def fused_dw_update(
   Args:
     x: layer inputs, (T, in), float32 or bfloat16.
     dy: output cotangents, (T, out), same dtype as ``x``.
-    w: weights, (in, out), float32.
+    w: weights, (in, out), float32 or bfloat16 (updated in fp32, then
+      rounded: stochastically when ``seed`` is given, else to nearest).
     state: optimizer-state arrays ordered like ``rule.state_names``, each
       float32 of shape (in, out).
     hparams: float32 vector ``[*rule.hyperparam_names, count]`` (see
@@ -100,6 +109,9 @@ def fused_dw_update(
       GPU, the reference elsewhere).
     config: tile configuration of the kernel; ``FusedDWConfig.default`` if None.
     interpret: run the Pallas kernel in interpret mode (for CPU tests).
+    seed: uint32 scalar for stochastic rounding of a bfloat16 ``w``: element
+      (i, j) uses the bits ``precision.random_bits(seed, count, i * out + j)``,
+      so the result does not depend on the tile size.
 
   Returns:
     ``(new_w, new_state)`` with the dtypes and shapes of ``w`` and ``state``.
@@ -112,11 +124,12 @@ def fused_dw_update(
       ``interpret``.
   """
   state = tuple(state)
-  _check_args(x, dy, w, state, hparams, rule)
+  _check_args(x, dy, w, state, hparams, rule, seed)
   impl = resolve_implementation(implementation)
   if impl == "xla" or x.size == 0 or w.size == 0:
     # Empty operands (T = 0: dW = 0; or an empty W) need no kernel launch.
-    return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule)
+    return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule,
+                                     seed=seed)
   if not interpret and jax.default_backend() != "gpu":
     raise RuntimeError(
         "implementation='triton' needs a GPU backend (found "
@@ -125,4 +138,5 @@ def fused_dw_update(
   if config is None:
     config = FusedDWConfig.default(x.shape[0], *w.shape, x.dtype)
   return kernel_triton.fused_dw_update_triton(
-      x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret)
+      x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
+      seed=seed)

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.fused_dw import reference
+
 with warnings.catch_warnings():
   # JAX >= 0.11 deprecates the Pallas Triton backend in favour of Mosaic GPU;
   # this package keeps Triton isolated here behind `implementation`.
@@ -82,11 +84,14 @@ class FusedDWConfig:
 
 
 def _fused_dw_kernel(
-    x_ref, dy_ref, hp_ref, w_ref, *refs,
-    rule, config: FusedDWConfig, precision,
+    x_ref, dy_ref, hp_ref, *refs,
+    rule, config: FusedDWConfig, precision, has_seed: bool,
 ):
+  # refs: [seed], w, *state, then the outputs w, *state.
   n_state = len(rule.state_names)
-  state_refs, (w_out_ref, *state_out_refs) = refs[:n_state], refs[n_state:]
+  seed_ref, refs = (refs[0], refs[1:]) if has_seed else (None, refs)
+  w_ref, state_refs = refs[0], refs[1:1 + n_state]
+  w_out_ref, *state_out_refs = refs[1 + n_state:]
   t, d_in = x_ref.shape
   d_out = dy_ref.shape[1]
   bm, bn, bt = config.block_m, config.block_n, config.block_t
@@ -127,22 +132,28 @@ def _fused_dw_kernel(
   new_w, new_state = rule.update(
       grad, w.astype(jnp.float32), tuple(s.astype(jnp.float32) for s in state),
       hp, count)
-  plgpu.store(w_out_ref.at[tile], new_w.astype(w_out_ref.dtype), mask=mask)
+  index = (rows[:, None] * d_out + cols[None, :]).astype(jnp.uint32)
+  new_w = reference.round_weight(
+      new_w, w_out_ref.dtype, seed_ref[0] if has_seed else None, count, index)
+  plgpu.store(w_out_ref.at[tile], new_w, mask=mask)
   for r, v in zip(state_out_refs, new_state):
     plgpu.store(r.at[tile], v.astype(r.dtype), mask=mask)
 
 
 def fused_dw_update_triton(
     x, dy, w, state, hparams, *, rule, config: FusedDWConfig, interpret: bool,
+    seed=None,
 ):
   """Runs the kernel; arguments as :func:`pallas_kernels.fused_dw.fused_dw_update`."""
+  seeds = () if seed is None else (jnp.reshape(seed, (1,)).astype(jnp.uint32),)
   d_in, d_out = w.shape
   # fp32 operands: full fp32 products (no TF32), so fp32 results match the
   # reference to rounding; bf16 operands use the tensor cores as they are.
   precision = (lax.Precision.HIGHEST if x.dtype == jnp.float32
                else lax.Precision.DEFAULT)
   kernel = functools.partial(
-      _fused_dw_kernel, rule=rule, config=config, precision=precision)
+      _fused_dw_kernel, rule=rule, config=config, precision=precision,
+      has_seed=bool(seeds))
   num_tiles = pl.cdiv(d_in, config.block_m) * pl.cdiv(d_out, config.block_n)
   n_state = len(state)
   out_shape = [jax.ShapeDtypeStruct(w.shape, w.dtype)] + [
@@ -151,10 +162,10 @@ def fused_dw_update_triton(
       kernel,
       out_shape=out_shape,
       grid=(num_tiles,),
-      input_output_aliases={3 + i: i for i in range(1 + n_state)},
+      input_output_aliases={3 + len(seeds) + i: i for i in range(1 + n_state)},
       compiler_params=plgpu.CompilerParams(
           num_warps=config.num_warps, num_stages=config.num_stages),
       interpret=interpret,
       name=f"forge_fused_dw_{rule.name}",
-  )(x, dy, hparams, w, *state)
+  )(x, dy, hparams, *seeds, w, *state)
   return outs[0], tuple(outs[1:])

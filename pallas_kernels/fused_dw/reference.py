@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import precision
+
 
 def weight_grad_reference(x: jax.Array, dy: jax.Array) -> jax.Array:
   """dW = xᵀ·dY in fp32 at full precision: (T, in), (T, out) -> (in, out)."""
@@ -15,6 +17,20 @@ def weight_grad_reference(x: jax.Array, dy: jax.Array) -> jax.Array:
       x, dy, (((0,), (0,)), ((), ())),
       precision=lax.Precision.HIGHEST,
       preferred_element_type=jnp.float32)
+
+
+def round_weight(new_w: jax.Array, dtype, seed: jax.Array | None,
+                 count: jax.Array, index: jax.Array) -> jax.Array:
+  """Casts the fp32 new weight to ``dtype``: stochastically when ``seed``.
+
+  ``index`` holds the global row-major element indices of ``new_w``, so that
+  the kernel (one tile) and the reference (the whole array) draw the same
+  random bits for the same element.
+  """
+  if seed is None or dtype == jnp.float32:
+    return new_w.astype(dtype)
+  bits = precision.random_bits(seed, count.astype(jnp.uint32), index)
+  return precision.stochastic_round_to_bf16(new_w, bits)
 
 
 def fused_dw_update_reference(
@@ -25,6 +41,7 @@ def fused_dw_update_reference(
     hparams: jax.Array,
     *,
     rule,
+    seed: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """The fused op computed unfused: dW materialized, then ``rule.update``.
 
@@ -35,5 +52,6 @@ def fused_dw_update_reference(
   new_w, new_state = rule.update(
       grad, w.astype(jnp.float32),
       tuple(s.astype(jnp.float32) for s in state), hp, count)
-  return (new_w.astype(w.dtype),
+  index = lax.iota(jnp.uint32, w.size).reshape(w.shape)
+  return (round_weight(new_w, w.dtype, seed, count, index),
           tuple(n.astype(s.dtype) for n, s in zip(new_state, state)))
