@@ -155,21 +155,39 @@ def _check_adam(hp: Mapping[str, Any]) -> None:
       raise ValueError(f"{n}={float(hp[n])} must be >= 0")
 
 
+def _second_moment(grad, nu, hp):
+  """b2 nu + (1 - b2) g², as (sqrt(1 - b2) g)² so that |g| up to ~1e20
+  (whose square overflows fp32) still gives a finite moment."""
+  scaled = hp["sqrt_one_minus_b2"] * grad
+  return scaled * scaled + hp["b2"] * nu
+
+
+def _root_nu_hat(nu, b2_t):
+  """sqrt(nu / (1 - b2^t)), as sqrt(nu) / sqrt(1 - b2^t) (no overflow)."""
+  return jnp.sqrt(nu) / jnp.sqrt(1 - b2_t)
+
+
 def _adamw_direction(grad, param, state, hp, count):
   """AdamW (Loshchilov & Hutter, arXiv 1711.05101), optax's arithmetic.
 
   mu <- b1 mu + (1 - b1) g;  nu <- b2 nu + (1 - b2) g^2;
-  direction = mu / (1 - b1^t) / (sqrt(nu / (1 - b2^t)) + eps) + wd * param.
+  direction = mu / (1 - b1^t) / (sqrt(nu / (1 - b2^t)) + eps) + wd * param,
+  with the squares and the root taken so that gradients up to ~1e20 give a
+  finite step (about -lr * sign(g) at the first step), where a plain g² would
+  overflow fp32.
   """
   mu, nu = state
   b1, b2 = hp["b1"], hp["b2"]
   mu = hp["one_minus_b1"] * grad + b1 * mu
-  nu = hp["one_minus_b2"] * (grad * grad) + b2 * nu
+  nu = _second_moment(grad, nu, hp)
   mu_hat = mu / (1 - b1**count)
-  nu_hat = nu / (1 - b2**count)
-  direction = mu_hat / (jnp.sqrt(nu_hat) + hp["eps"]) + hp["weight_decay"] * param
-  return direction, (mu, nu)
+  direction = mu_hat / (_root_nu_hat(nu, b2**count) + hp["eps"])
+  return direction + hp["weight_decay"] * param, (mu, nu)
 
+
+_ONE_MINUS_B = (("one_minus_b1", lambda hp: 1 - hp["b1"]),
+                ("one_minus_b2", lambda hp: 1 - hp["b2"]),
+                ("sqrt_one_minus_b2", lambda hp: (1 - hp["b2"]) ** 0.5))
 
 ADAMW = ElementwiseRule(
     name="adamw",
@@ -177,8 +195,7 @@ ADAMW = ElementwiseRule(
     hyperparam_names=("learning_rate", "b1", "b2", "eps", "weight_decay"),
     direction=_adamw_direction,
     # optax computes (1 - b) from the Python float, in double precision.
-    derived=(("one_minus_b1", lambda hp: 1 - hp["b1"]),
-             ("one_minus_b2", lambda hp: 1 - hp["b2"])),
+    derived=_ONE_MINUS_B,
     check=_check_adam,
 )
 
@@ -203,12 +220,11 @@ def _nadamw_direction(grad, param, state, hp, count):
   mu, nu = state
   b1, b2 = hp["b1"], hp["b2"]
   mu = hp["one_minus_b1"] * grad + b1 * mu
-  nu = hp["one_minus_b2"] * (grad * grad) + b2 * nu
+  nu = _second_moment(grad, nu, hp)
   mu_hat = (b1 * (mu / (1 - b1**(count + 1)))
             + hp["one_minus_b1"] * (grad / (1 - b1**count)))
-  nu_hat = nu / (1 - b2**count)
-  direction = mu_hat / (jnp.sqrt(nu_hat) + hp["eps"]) + hp["weight_decay"] * param
-  return direction, (mu, nu)
+  direction = mu_hat / (_root_nu_hat(nu, b2**count) + hp["eps"])
+  return direction + hp["weight_decay"] * param, (mu, nu)
 
 
 def _radam_direction(grad, param, state, hp, count):
@@ -221,13 +237,12 @@ def _radam_direction(grad, param, state, hp, count):
   mu, nu = state
   b1, b2 = hp["b1"], hp["b2"]
   mu = hp["one_minus_b1"] * grad + b1 * mu
-  nu = hp["one_minus_b2"] * (grad * grad) + b2 * nu
+  nu = _second_moment(grad, nu, hp)
   b2t = b2**count
   ro = hp["ro_inf"] - 2 * count * b2t / (1 - b2t)
   mu_hat = mu / (1 - b1**count)
-  nu_hat = nu / (1 - b2t)
   r = jnp.sqrt((ro - 4.0) * (ro - 2.0) * hp["ro_inf"] / (hp["ro_denominator"] * ro))
-  adam = r * mu_hat / (jnp.sqrt(nu_hat) + hp["eps"])
+  adam = r * mu_hat / (_root_nu_hat(nu, b2t) + hp["eps"])
   direction = jnp.where(ro >= hp["threshold"], adam, mu_hat)
   return direction + hp["weight_decay"] * param, (mu, nu)
 
@@ -291,9 +306,6 @@ def _momentum_direction(nesterov: bool):
     return direction + hp["weight_decay"] * param, (trace,)
   return direction_fn
 
-
-_ONE_MINUS_B = (("one_minus_b1", lambda hp: 1 - hp["b1"]),
-                ("one_minus_b2", lambda hp: 1 - hp["b2"]))
 
 NADAMW = ElementwiseRule(
     name="nadamw",

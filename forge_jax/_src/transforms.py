@@ -30,7 +30,7 @@ class _FusedUpdate:
   fn: Callable[..., Any]
   rule: rules_lib.ElementwiseRule
   hyperparams: Mapping[str, ScalarOrSchedule]
-  state_init: tuple[float, ...]
+  state_init: tuple[Any, ...]
 
   def __call__(self, updates, state, params=None, **extra_args):
     return self.fn(updates, state, params, **extra_args)
@@ -65,7 +65,7 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
       raise ValueError(f"state_init needs one value per {rule.state_names}")
     tx = optax.with_extra_args_support(tx)
     return cls(tx.init, _FusedUpdate(tx.update, rule, dict(hyperparams),
-                                     tuple(float(v) for v in state_init)))
+                                     tuple(state_init)))
 
   @property
   def state_init(self) -> tuple[float, ...]:
@@ -110,11 +110,13 @@ def _validate(rule: rules_lib.ElementwiseRule, hyperparams: Mapping[str, Any]):
 
 def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
                    state_cls, state_init: tuple[float, ...] | None = None,
-                   ) -> optax.GradientTransformation:
+                   out_dtype: Any = None) -> optax.GradientTransformation:
   """The optax transformation of ``rule``: its direction, no learning rate.
 
   State: ``state_cls(count, *state arrays)``, each array fp32 and shaped like
-  its param. ``update`` needs ``params``; updates keep each param's dtype.
+  its param. ``update`` needs ``params``; updates keep each param's dtype
+  (or are ``out_dtype``: the aliases keep fp32 until the learning rate is
+  applied, then cast).
   """
   hp = {rules_lib.LEARNING_RATE: 0.0, **hp}
   _validate(rule, hp)
@@ -137,7 +139,7 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
     def leaf(g, p, *arrays):
       direction, new = rule.direction(
           g.astype(jnp.float32), p.astype(jnp.float32), arrays, hpv, count_f)
-      return (direction.astype(p.dtype), *new)
+      return (direction.astype(out_dtype or p.dtype), *new)
 
     treedef = jax.tree.structure(updates)
     arrays = [treedef.flatten_up_to(getattr(state, n)) for n in rule.state_names]
@@ -152,11 +154,27 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _alias(rule, learning_rate, hp, scale_by, state_init=None):
-  """``chain(scale_by, scale_by_learning_rate)`` carrying its fused form."""
+def _cast_to_param_dtype() -> optax.GradientTransformation:
+  def update_fn(updates, state, params=None):
+    return jax.tree.map(lambda u, p: u.astype(p.dtype), updates, params), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def _alias(rule, learning_rate, hp, state_cls, state_init=None):
+  """The optimizer with its learning rate, carrying its fused form.
+
+  ``chain(direction in fp32, scale_by_learning_rate, cast to the param
+  dtype)``: the step ``-lr * direction`` is formed in fp32 as in the fused
+  kernel, and the update has the param's dtype whatever the dtype of the
+  learning rate (a Python float, bf16, or an fp32 array from
+  ``optax.inject_hyperparams``).
+  """
   full = {rules_lib.LEARNING_RATE: learning_rate, **hp}
   _validate(rule, full)
-  tx = optax.chain(scale_by, optax.scale_by_learning_rate(learning_rate))
+  tx = optax.chain(
+      _scale_by_rule(rule, hp, state_cls, state_init, out_dtype=jnp.float32),
+      optax.scale_by_learning_rate(learning_rate),
+      _cast_to_param_dtype())
   return ForgeTransformation.create(tx, rule, full, state_init)
 
 
@@ -218,9 +236,10 @@ def adamw(
 ) -> ForgeTransformation:
   """AdamW with the learning rate; usable in optax and fused in ForgeDense.
 
-  Unfused it is ``optax.chain(scale_by_adamw(...),
-  optax.scale_by_learning_rate(learning_rate))``, numerically
-  ``optax.adamw`` (same hyperparameter names and defaults). Given to
+  Unfused it is ``scale_by_adamw(...)`` (kept in fp32), then
+  ``optax.scale_by_learning_rate(learning_rate)``, then a cast to each
+  param's dtype: numerically ``optax.adamw`` (same hyperparameter names and
+  defaults). Given to
   :class:`forge_jax.ForgeDense`, the same rule runs inside the backward pass.
 
   Args:
@@ -238,7 +257,7 @@ def adamw(
     >>> updates, state = tx.update({'w': jnp.ones(3)}, state, params)
   """
   hp = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-  return _alias(rules_lib.ADAMW, learning_rate, hp, scale_by_adamw(**hp))
+  return _alias(rules_lib.ADAMW, learning_rate, hp, ScaleByAdamWState)
 
 
 def scale_by_nadamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
@@ -262,7 +281,7 @@ def nadamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
            eps: float = 1e-8, weight_decay: float = 1e-4) -> ForgeTransformation:
   """NAdamW; numerically ``optax.nadamw`` (same names and defaults)."""
   hp = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-  return _alias(rules_lib.NADAMW, learning_rate, hp, scale_by_nadamw(**hp))
+  return _alias(rules_lib.NADAMW, learning_rate, hp, ScaleByAdamWState)
 
 
 def scale_by_radam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
@@ -289,7 +308,7 @@ def radam(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
           weight_decay: float = 0.0) -> ForgeTransformation:
   """RAdam; numerically ``optax.radam`` when ``weight_decay=0``."""
   hp = dict(b1=b1, b2=b2, eps=eps, threshold=threshold, weight_decay=weight_decay)
-  return _alias(rules_lib.RADAM, learning_rate, hp, scale_by_radam(**hp))
+  return _alias(rules_lib.RADAM, learning_rate, hp, ScaleByAdamWState)
 
 
 class ScaleByLionState(NamedTuple):
@@ -320,7 +339,7 @@ def lion(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.99,
          weight_decay: float = 1e-3) -> ForgeTransformation:
   """Lion; numerically ``optax.lion`` (same names and defaults)."""
   hp = dict(b1=b1, b2=b2, weight_decay=weight_decay)
-  return _alias(rules_lib.LION, learning_rate, hp, scale_by_lion(**hp))
+  return _alias(rules_lib.LION, learning_rate, hp, ScaleByLionState)
 
 
 class ScaleByRmsState(NamedTuple):
@@ -351,7 +370,7 @@ def rmsprop(learning_rate: ScalarOrSchedule, decay: float = 0.9,
             eps: float = 1e-8, weight_decay: float = 0.0) -> ForgeTransformation:
   """RMSprop; numerically ``optax.rmsprop`` with its defaults."""
   hp = dict(decay=decay, eps=eps, weight_decay=weight_decay)
-  return _alias(rules_lib.RMSPROP, learning_rate, hp, scale_by_rms(**hp))
+  return _alias(rules_lib.RMSPROP, learning_rate, hp, ScaleByRmsState)
 
 
 class ScaleByRssState(NamedTuple):
@@ -379,12 +398,12 @@ def adagrad(learning_rate: ScalarOrSchedule,
             initial_accumulator_value: float = 0.1, eps: float = 1e-7,
             weight_decay: float = 0.0) -> ForgeTransformation:
   """AdaGrad; numerically ``optax.adagrad`` (same names and defaults)."""
-  if not initial_accumulator_value >= 0:
+  if (not isinstance(initial_accumulator_value, jax.core.Tracer)
+      and not float(initial_accumulator_value) >= 0):
     raise ValueError(f"initial_accumulator_value={initial_accumulator_value} "
                      "must be >= 0")
   hp = dict(eps=eps, weight_decay=weight_decay)
-  return _alias(rules_lib.ADAGRAD, learning_rate, hp,
-                scale_by_rss(initial_accumulator_value, **hp),
+  return _alias(rules_lib.ADAGRAD, learning_rate, hp, ScaleByRssState,
                 (initial_accumulator_value,))
 
 
@@ -432,8 +451,7 @@ def sgd(learning_rate: ScalarOrSchedule, momentum: float | None = None,
     if nesterov:
       raise ValueError("nesterov=True needs a momentum")
     hp = dict(weight_decay=weight_decay)
-    return _alias(rules_lib.SGD, learning_rate, hp, scale_by_sgd(**hp))
+    return _alias(rules_lib.SGD, learning_rate, hp, ScaleBySgdState)
   hp = dict(momentum=momentum, weight_decay=weight_decay)
   rule = rules_lib.SGD_NESTEROV if nesterov else rules_lib.SGD_MOMENTUM
-  return _alias(rule, learning_rate, hp, scale_by_momentum(
-      momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
+  return _alias(rule, learning_rate, hp, ScaleByMomentumState)
