@@ -23,10 +23,12 @@ from forge_jax._src.transforms import ScaleByRmsState
 from forge_jax._src.transforms import ScaleByRssState
 from forge_jax._src.transforms import ScaleBySgdState
 from forge_jax._src.transforms import adagrad
+from forge_jax._src.transforms import adamw
 from forge_jax._src.transforms import lion
 from forge_jax._src.transforms import nadamw
 from forge_jax._src.transforms import radam
 from forge_jax._src.transforms import rmsprop
+from forge_jax._src.transforms import scale_by_adamw
 from forge_jax._src.transforms import scale_by_lion
 from forge_jax._src.transforms import scale_by_momentum
 from forge_jax._src.transforms import scale_by_nadamw
@@ -35,8 +37,6 @@ from forge_jax._src.transforms import scale_by_rms
 from forge_jax._src.transforms import scale_by_rss
 from forge_jax._src.transforms import scale_by_sgd
 from forge_jax._src.transforms import sgd
-from forge_jax._src.transforms import adamw
-from forge_jax._src.transforms import scale_by_adamw
 
 __version__ = "0.1.0"
 

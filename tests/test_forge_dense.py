@@ -431,3 +431,61 @@ def test_seed_is_validated(rng):
   v = m.init(jax.random.key(0), jnp.ones((2, 4)))
   with pytest.raises(ValueError, match="seed=-1"):
     fj.TrainState.create(apply_fn=m.apply, variables=v, tx=optax.sgd(0.1), seed=-1)
+
+
+class Ones(nn.Module):
+  stochastic_rounding: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    return fj.ForgeDense(
+        64, use_bias=False, optimizer=fj.sgd(1e-4), param_dtype=jnp.bfloat16,
+        kernel_init=nn.initializers.ones,
+        stochastic_rounding=self.stochastic_rounding)(x)
+
+
+@pytest.mark.parametrize("stochastic_rounding", [True, False])
+def test_stochastic_rounding_keeps_sub_ulp_updates(stochastic_rounding):
+  """Steps of 1e-4 on bf16 weights of 1.0 (half an ULP is 2e-3)."""
+  model = Ones(stochastic_rounding)
+  x = jnp.ones((1, 8), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.sgd(0.0), seed=3)
+  step = fj.make_train_step(lambda v, b: jnp.sum(model.apply(v, b)))  # dW = 1
+  for _ in range(200):
+    state, _ = step(state, x)
+  mean = float(jnp.mean(state.params["ForgeDense_0"]["kernel"].astype(jnp.float32)))
+  if stochastic_rounding:
+    assert abs(mean - 0.98) < 0.003
+  else:
+    assert mean == 1.0  # round to nearest loses every step
+
+
+def test_scanned_bf16_layers_get_their_own_rounding_seeds(rng):
+  class Stack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layer = nn.scan(
+          lambda mdl, c, _: (nn.tanh(mdl(c)), None),
+          variable_axes={"params": 0, "forge_state": 0},
+          split_rngs={"params": True}, length=4)
+      body = functools.partial(fj.ForgeDense, 8, optimizer=fj.adamw(1e-2),
+                               param_dtype=jnp.bfloat16)
+      y, _ = layer(body(name="layer"), x, None)
+      return y
+
+  model = Stack()
+  x = jnp.asarray(rng.standard_normal((3, 8)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  seeds = np.asarray(v["forge_state"]["layer"]["rounding_seed"])
+  assert seeds.shape == (4,) and len(set(seeds.tolist())) == 4
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2))
+  state, m = fj.make_train_step(lambda vv, b: jnp.sum(model.apply(vv, b) ** 2))(state, x)
+  assert bool(m["forge_backward_ok"])
+
+
+def test_non_float_params_are_refused_by_the_optax_transforms():
+  tx = fj.adamw(1e-3)
+  for p in ({"w": jnp.ones(3, jnp.complex64)}, {"w": jnp.ones(3, jnp.int32)}):
+    with pytest.raises(ValueError, match="real floating point"):
+      tx.update(p, tx.init(p), p)

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import numbers
 import threading
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +36,7 @@ PROBE = "probe"
 # any other use of params/<layer>/kernel shows up as a dependency of the loss
 # on the params copy, which the step refuses (tied or directly read kernels).
 KERNEL_INPUT = "kernel"
+ROUNDING_SEED = "rounding_seed"
 
 default_kernel_init = nn.initializers.lecun_normal()
 
@@ -191,8 +191,10 @@ class ForgeDense(nn.Module):
     implementation: ``'xla'``, ``'triton'`` or ``None`` (the fused step's
       choice, else the kernel on a GPU and the reference elsewhere).
     stochastic_rounding: write a bfloat16 kernel back with stochastic
-      rounding (unbiased; random bits from the step's seed, the step count,
-      the layer's path and the element index), else round to nearest.
+      rounding (unbiased; random bits from the run's seed, this layer's
+      ``rounding_seed`` variable, the step count and the element index), else
+      round to nearest. Only the fused kernel: the bias and other unfused
+      params are rounded by the step's optax ``tx`` (to nearest).
 
   Raises (at trace time, before anything is computed):
     TypeError: if ``optimizer`` is not a ForgeTransformation.
@@ -250,6 +252,12 @@ class ForgeDense(nn.Module):
         self.variable(FORGE_STATE, name, functools.partial(
             jnp.full, fill_value=value, dtype=jnp.float32), kernel.shape)
       self.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
+      if self.param_dtype == jnp.bfloat16 and self.stochastic_rounding:
+        # This layer's stochastic-rounding stream, drawn from its params rng
+        # after kernel and bias (so their values are flax Dense's): layers
+        # stacked by nn.scan get one seed each, like their params.
+        self.variable(FORGE_STATE, ROUNDING_SEED, lambda: jax.random.bits(
+            self.make_rng("params"), (), jnp.uint32))
 
     ctx = current_context()
     inputs, kernel_c, bias = self.promote_dtype(
@@ -297,9 +305,13 @@ class ForgeDense(nn.Module):
     hparams = self.optimizer.packed_hyperparams(ctx.step)
     seed = None
     if param_dtype == jnp.bfloat16 and self.stochastic_rounding:
+      if not self.has_variable(FORGE_STATE, ROUNDING_SEED):
+        raise ValueError(
+            f"ForgeDense at {where!r} has no {FORGE_STATE}/{ROUNDING_SEED}: "
+            "initialize the model with param_dtype=bfloat16 (model.init)")
       base = jnp.uint32(0) if ctx.seed is None else ctx.seed
-      seed = jnp.asarray(base, jnp.uint32) ^ jnp.uint32(
-          zlib.crc32("/".join(path).encode()))
+      seed = (jnp.asarray(base, jnp.uint32)
+              ^ self.get_variable(FORGE_STATE, ROUNDING_SEED))
     return _forge_linear(spec, inputs, kernel, state, hparams, probe, seed)
 
 

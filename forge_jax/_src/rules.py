@@ -172,9 +172,10 @@ def _adamw_direction(grad, param, state, hp, count):
 
   mu <- b1 mu + (1 - b1) g;  nu <- b2 nu + (1 - b2) g^2;
   direction = mu / (1 - b1^t) / (sqrt(nu / (1 - b2^t)) + eps) + wd * param,
-  with the squares and the root taken so that gradients up to ~1e20 give a
-  finite step (about -lr * sign(g) at the first step), where a plain g² would
-  overflow fp32.
+  with the squares and the root taken so that a first gradient up to ~1e20
+  (at b2 = 0.999) gives a finite step, about -lr * sign(g), where a plain g²
+  would overflow fp32. A gradient that stays that large still overflows the
+  second moment after some tens of steps, as in optax.
   """
   mu, nu = state
   b1, b2 = hp["b1"], hp["b2"]

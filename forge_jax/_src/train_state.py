@@ -122,8 +122,9 @@ class TrainState(struct.PyTreeNode):
       optimizer-state arrays (fp32, shaped like the kernel) and a probe.
     opt_state: state of ``tx`` over the params that are *not* fused kernels
       (embeddings, norms, biases, heads).
-    seed: uint32 scalar, the stochastic-rounding seed of bfloat16 fused
-      kernels (saved in checkpoints, so a resumed run rounds identically).
+    seed: uint32 scalar, the run's stochastic-rounding seed for bfloat16
+      fused kernels, combined with each layer's ``rounding_seed`` (both are
+      saved in checkpoints, so a resumed run rounds identically).
     apply_fn: the model's apply function (static).
     tx: optax transformation for the unfused params (static).
   """
@@ -232,8 +233,10 @@ def fused_step(
     if paths:
       _refuse_other_uses_of_fused_kernels(
           objective, (other, kernel_inputs, state.forge_state, fused))
+    # allow_int: integer state (each bf16 layer's rounding seed) is carried
+    # through unchanged below.
     (loss, aux), (grads, new_kernels, new_forge_state) = jax.value_and_grad(
-        objective, argnums=(0, 1, 2), has_aux=True)(
+        objective, argnums=(0, 1, 2), has_aux=True, allow_int=True)(
             other, kernel_inputs, state.forge_state, fused)
   _check_backward_traces(ctx, paths)
 
@@ -241,6 +244,9 @@ def fused_step(
   other = optax.apply_updates(other, updates)
 
   flat_fs = traverse_util.flatten_dict(dict(new_forge_state))
+  old_fs = traverse_util.flatten_dict(dict(state.forge_state))
+  flat_fs = {k: (v if jnp.issubdtype(old_fs[k].dtype, jnp.floating) else old_fs[k])
+             for k, v in flat_fs.items()}
   counts = [v for k, v in flat_fs.items() if k[-1] == PROBE]
   backward_ok = jnp.all(jnp.stack([jnp.all(c == 1) for c in counts])
                         ) if counts else jnp.asarray(True)

@@ -136,6 +136,11 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
     hpv = rule.hyperparams_f32(hp)
     count_f = count.astype(jnp.float32)
 
+    for p in jax.tree.leaves(params):
+      if not jnp.issubdtype(jnp.result_type(p), jnp.floating):
+        raise ValueError(f"{rule.name}: params must be real floating point, "
+                         f"got a {jnp.result_type(p)} leaf")
+
     def leaf(g, p, *arrays):
       direction, new = rule.direction(
           g.astype(jnp.float32), p.astype(jnp.float32), arrays, hpv, count_f)
@@ -398,6 +403,9 @@ def adagrad(learning_rate: ScalarOrSchedule,
             initial_accumulator_value: float = 0.1, eps: float = 1e-7,
             weight_decay: float = 0.0) -> ForgeTransformation:
   """AdaGrad; numerically ``optax.adagrad`` (same names and defaults)."""
+  if initial_accumulator_value is None or callable(initial_accumulator_value):
+    raise ValueError("initial_accumulator_value must be a number >= 0, got "
+                     f"{initial_accumulator_value!r}")
   if (not isinstance(initial_accumulator_value, jax.core.Tracer)
       and not float(initial_accumulator_value) >= 0):
     raise ValueError(f"initial_accumulator_value={initial_accumulator_value} "

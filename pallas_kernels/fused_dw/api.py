@@ -59,6 +59,8 @@ def _check_args(x, dy, w, state, hparams, rule, seed):
     if jnp.ndim(seed) != 0 or not jnp.issubdtype(jnp.result_type(seed), jnp.integer):
       raise ValueError(f"seed must be an integer scalar, got {jnp.result_type(seed)}"
                        f"{list(jnp.shape(seed))}")
+    if isinstance(seed, int) and not 0 <= seed < 2**32:
+      raise ValueError(f"seed={seed} must be in [0, 2**32)")
   if len(state) != len(rule.state_names):
     raise ValueError(
         f"state must hold {len(rule.state_names)} arrays {rule.state_names} "
