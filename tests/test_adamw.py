@@ -81,7 +81,7 @@ def test_update_needs_params():
     ({"learning_rate": 1e-3, "b1": None}, "'b1' must be a real scalar"),
     ({"learning_rate": 1e-3, "b1": 1.0}, "b1=1.0 must be in"),
     ({"learning_rate": 1e-3, "b2": -0.1}, "b2=-0.1 must be in"),
-    ({"learning_rate": 1e-3, "eps": -1e-8}, "eps=-1e-08 must be >= 0"),
+    ({"learning_rate": 1e-3, "eps": -1e-8}, r"eps=-1e-08 must be in \[0.0, inf\)"),
     ({"learning_rate": 1e-3, "weight_decay": -1.0}, "weight_decay=-1.0"),
     ({"learning_rate": 1e-3, "b1": optax.constant_schedule(0.9)},
      "b1 must be a number, not a schedule"),

@@ -146,13 +146,15 @@ def _real_scalar(name: str, value: Any) -> Array:
   return v.astype(jnp.float32)
 
 
-def _check_adam(hp: Mapping[str, Any]) -> None:
-  for n in ("b1", "b2"):
-    if n in hp and not 0.0 <= float(hp[n]) < 1.0:
-      raise ValueError(f"{n}={float(hp[n])} must be in [0, 1)")
-  for n in ("eps", "weight_decay"):
-    if n in hp and not float(hp[n]) >= 0.0:
-      raise ValueError(f"{n}={float(hp[n])} must be >= 0")
+def _check_range(**ranges):
+  """A ``check`` for hyperparameters that must lie in [low, high)."""
+  def check(hp: Mapping[str, Any]) -> None:
+    for n, (low, high) in ranges.items():
+      if n in hp and not low <= float(hp[n]) < high:
+        raise ValueError(f"{n}={float(hp[n])} must be in [{low}, {high})")
+    if "weight_decay" in hp and not float(hp["weight_decay"]) >= 0.0:
+      raise ValueError(f"weight_decay={float(hp['weight_decay'])} must be >= 0")
+  return check
 
 
 def _second_moment(grad, nu, hp):
@@ -186,6 +188,8 @@ def _adamw_direction(grad, param, state, hp, count):
   return direction + hp["weight_decay"] * param, (mu, nu)
 
 
+_ADAM_RANGES = _check_range(b1=(0.0, 1.0), b2=(0.0, 1.0), eps=(0.0, float("inf")))
+
 _ONE_MINUS_B = (("one_minus_b1", lambda hp: 1 - hp["b1"]),
                 ("one_minus_b2", lambda hp: 1 - hp["b2"]),
                 ("sqrt_one_minus_b2", lambda hp: (1 - hp["b2"]) ** 0.5))
@@ -197,19 +201,8 @@ ADAMW = ElementwiseRule(
     direction=_adamw_direction,
     # optax computes (1 - b) from the Python float, in double precision.
     derived=_ONE_MINUS_B,
-    check=_check_adam,
+    check=_ADAM_RANGES,
 )
-
-
-def _check_range(**ranges):
-  """A ``check`` for hyperparameters that must lie in [low, high)."""
-  def check(hp: Mapping[str, Any]) -> None:
-    for n, (low, high) in ranges.items():
-      if n in hp and not low <= float(hp[n]) < high:
-        raise ValueError(f"{n}={float(hp[n])} must be in [{low}, {high})")
-    if "weight_decay" in hp and not float(hp["weight_decay"]) >= 0.0:
-      raise ValueError(f"weight_decay={float(hp['weight_decay'])} must be >= 0")
-  return check
 
 
 def _nadamw_direction(grad, param, state, hp, count):
@@ -314,7 +307,7 @@ NADAMW = ElementwiseRule(
     hyperparam_names=("learning_rate", "b1", "b2", "eps", "weight_decay"),
     direction=_nadamw_direction,
     derived=_ONE_MINUS_B,
-    check=_check_adam,
+    check=_ADAM_RANGES,
 )
 
 RADAM = ElementwiseRule(
@@ -327,7 +320,7 @@ RADAM = ElementwiseRule(
         ("ro_inf", lambda hp: 2.0 / (1.0 - hp["b2"]) - 1.0),
         ("ro_denominator", lambda hp: ((2.0 / (1.0 - hp["b2"]) - 5.0)
                                        * (2.0 / (1.0 - hp["b2"]) - 3.0)))),
-    check=_check_adam,
+    check=_ADAM_RANGES,
 )
 
 LION = ElementwiseRule(
