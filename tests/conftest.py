@@ -32,3 +32,10 @@ def rng(request):
 # references compute fp32 products exactly, so the tests compare at full
 # precision everywhere (this changes nothing on the CPU).
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture
+def on_cpu():
+  """Runs a test on host CPUs (the 2-device mesh tests), also on a GPU machine."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield

@@ -298,10 +298,16 @@ def test_per_example_vmap_with_shared_kernel_is_refused(rng):
     fj.make_train_step(loss_fn)(state, (x, y))
 
 
-def test_shard_map_data_parallelism_is_refused(rng):
-  assert len(jax.devices()) >= 2  # conftest asks for two CPU devices
+def _two_cpu_mesh(**kw):
+  """A 2-device mesh of host CPUs (conftest asks XLA for two), on any machine."""
+  cpus = jax.devices("cpu")
+  assert len(cpus) >= 2
+  return jax.make_mesh((2,), ("data",), devices=cpus[:2], **kw)
+
+
+def test_shard_map_data_parallelism_is_refused(rng, on_cpu):
   from jax.sharding import NamedSharding, PartitionSpec as P
-  mesh = jax.make_mesh((2,), ("data",))
+  mesh = _two_cpu_mesh()
   x, y = _data(rng, shape=(4, 9, 21))
   model = MLP()
   v = model.init(jax.random.key(0), x)
@@ -318,11 +324,11 @@ def test_shard_map_data_parallelism_is_refused(rng):
     fj.make_train_step(loss_fn)(state, batch)
 
 
-def test_batch_sharded_jit_matches_one_device(rng):
+def test_batch_sharded_jit_matches_one_device(rng, on_cpu):
   """Data parallelism through jax.jit and sharded arrays is exact."""
   from jax.sharding import NamedSharding, PartitionSpec as P
   # Auto (GSPMD) axes; explicit-sharding meshes are the tensor-parallel work.
-  mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  mesh = _two_cpu_mesh(axis_types=(jax.sharding.AxisType.Auto,))
   x, y = _data(rng, shape=(4, 9, 21))
   model = MLP()
   v = model.init(jax.random.key(0), x)
