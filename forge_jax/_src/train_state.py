@@ -215,12 +215,19 @@ def fused_step(
   kernel_inputs = {p + (dense_lib.KERNEL_INPUT,): fused[p + ("kernel",)]
                    for p in paths}
 
-  def objective(other, kernel_inputs, forge_state, fused_params):
+  # Only the floating-point state is differentiated (its cotangents are the
+  # new moments and the probe counts); integer state, such as a bf16 layer's
+  # rounding seed, is passed through unchanged.
+  flat_state = traverse_util.flatten_dict(dict(state.forge_state))
+  float_state = {k: v for k, v in flat_state.items()
+                 if jnp.issubdtype(v.dtype, jnp.floating)}
+  const_state = {k: v for k, v in flat_state.items() if k not in float_state}
+
+  def objective(other, kernel_inputs, float_state, fused_params):
     # The layers consume `kernel_inputs` (differentiated: their cotangents are
     # the new kernels); `fused_params` is what params shows for the same
     # kernels, not differentiated, and must not reach the loss.
-    fs = traverse_util.flatten_dict(dict(forge_state))
-    fs.update(kernel_inputs)
+    fs = {**const_state, **float_state, **kernel_inputs}
     out = loss_fn({"params": merge_params(other, fused_params),
                    FORGE_STATE: traverse_util.unflatten_dict(fs) if fs else {}},
                   batch)
@@ -232,21 +239,16 @@ def fused_step(
   with dense_lib.fused_context(ctx):
     if paths:
       _refuse_other_uses_of_fused_kernels(
-          objective, (other, kernel_inputs, state.forge_state, fused))
-    # allow_int: integer state (each bf16 layer's rounding seed) is carried
-    # through unchanged below.
-    (loss, aux), (grads, new_kernels, new_forge_state) = jax.value_and_grad(
-        objective, argnums=(0, 1, 2), has_aux=True, allow_int=True)(
-            other, kernel_inputs, state.forge_state, fused)
+          objective, (other, kernel_inputs, float_state, fused))
+    (loss, aux), (grads, new_kernels, new_float_state) = jax.value_and_grad(
+        objective, argnums=(0, 1, 2), has_aux=True)(
+            other, kernel_inputs, float_state, fused)
   _check_backward_traces(ctx, paths)
 
   updates, opt_state = state.tx.update(grads, state.opt_state, other)
   other = optax.apply_updates(other, updates)
 
-  flat_fs = traverse_util.flatten_dict(dict(new_forge_state))
-  old_fs = traverse_util.flatten_dict(dict(state.forge_state))
-  flat_fs = {k: (v if jnp.issubdtype(old_fs[k].dtype, jnp.floating) else old_fs[k])
-             for k, v in flat_fs.items()}
+  flat_fs = {**const_state, **new_float_state}
   counts = [v for k, v in flat_fs.items() if k[-1] == PROBE]
   backward_ok = jnp.all(jnp.stack([jnp.all(c == 1) for c in counts])
                         ) if counts else jnp.asarray(True)
