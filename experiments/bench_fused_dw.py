@@ -1,18 +1,32 @@
-"""Fused dW + AdamW kernel against XLA, for one linear shape (first cut).
+"""Fused dW + optimizer kernel against XLA, per optimizer and precision mode.
 
-Checks every timed variant against the reference, then times (median of
-``--reps`` runs after warm-up, inputs rotated over several buffers):
+For each linear shape (T tokens, in -> out) and each (optimizer, mode) pair it
+first checks the fused kernel against the reference on the same inputs, then
+times (median of ``--reps`` runs after warm-up, inputs rotated over three
+buffers, W and state donated and fed back):
 
-* ``xla dW``: dW = xᵀ·dY alone (bf16 operands, fp32 result),
-* ``xla dW + adamw``: dW then the same AdamW rule, jitted, W and state donated
-  (the unfused baseline),
-* ``fused``: the Pallas Triton kernel for each tile config given,
+* ``xla dW``: dW = xᵀ·dY alone (bf16 operands, fp32 result), once per shape;
+* ``unfused``: XLA dW, then the same rule on the whole array, jitted with W
+  and state donated (the unfused baseline, the same storage formats);
+* ``fused``: the Pallas Triton kernel (default tile configuration);
 
-beside the floor max(2·T·in·out / peak FLOP/s, bytes / peak bandwidth), with
-both peaks measured in the same run. The full harness over the Llama and
-Qwen shapes is the benchmark issue's job; this script is its seed.
+beside the floor max(2·T·in·out / peak FLOP/s, bytes that must move / peak
+bandwidth), with both peaks measured in the same run (a bf16 matmul and an
+fp32 elementwise pass). The bytes that must move are x and dY once (bf16) plus
+W and every state read and written in their storage formats.
 
-    python -m experiments.bench_fused_dw --tokens 8192 --d-in 4096 --d-out 14336
+Modes (AdamW's names; each optimizer stores its own states this way):
+
+* ``fp32``: fp32 W, fp32 states;
+* ``bf16-sr``: bf16 W written with stochastic rounding, fp32 states;
+* ``bf16-sr-bf16``: bf16 W with stochastic rounding, bf16 states;
+* ``int8``: bf16 W with stochastic rounding, int8 states (absmax blocks of 64).
+
+    python -m experiments.bench_fused_dw                       # 8B MLP, T=2048
+    python -m experiments.bench_fused_dw --rules adamw --modes fp32 \\
+        --shapes 8192:4096x14336
+
+Prints one markdown table (last) and writes JSON to ``--out``.
 """
 
 from __future__ import annotations
@@ -20,145 +34,219 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from forge_jax.rules import ADAMW
-from pallas_kernels.fused_dw import FusedDWConfig
+from forge_jax.rules import ALL_RULES
+from pallas_kernels import quantization
 from pallas_kernels.fused_dw import fused_dw_update
 from pallas_kernels.fused_dw import fused_dw_update_reference
 from pallas_kernels.fused_dw import weight_grad_reference
 
+RULES = {r.name: r for r in ALL_RULES}
+# mode -> (W dtype, state storage dtype, stochastic rounding)
+MODES = {
+    "fp32": (jnp.float32, jnp.float32, False),
+    "bf16-sr": (jnp.bfloat16, jnp.float32, True),
+    "bf16-sr-bf16": (jnp.bfloat16, jnp.bfloat16, True),
+    "int8": (jnp.bfloat16, jnp.int8, True),
+}
+HYPERPARAMS = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
+               "threshold": 5.0, "weight_decay": 0.01, "decay": 0.9,
+               "momentum": 0.9}
+
 
 def _time(fn, args_list, reps: int) -> float:
-  """Median seconds of fn over rotating argument sets (after warm-up)."""
-  out = fn(*args_list[0])
-  jax.block_until_ready(out)
+  """Median seconds of a stateless fn over rotating argument sets."""
+  jax.block_until_ready(fn(*args_list[0]))
   times = []
   for i in range(reps):
     args = args_list[i % len(args_list)]
     t0 = time.perf_counter()
-    out = fn(*args)
-    jax.block_until_ready(out)
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def _time_stateful(fn, sets, carry, rest, reps: int) -> float:
+  """Median seconds of ``carry = fn(x, dy, *carry, *rest)`` (carry donated)."""
+  carry = fn(*sets[0], *carry, *rest)
+  jax.block_until_ready(carry)
+  times = []
+  for i in range(reps):
+    x, dy = sets[i % len(sets)]
+    t0 = time.perf_counter()
+    carry = fn(x, dy, *carry, *rest)
+    jax.block_until_ready(carry)
     times.append(time.perf_counter() - t0)
   return float(np.median(times))
 
 
 def measure_peaks(n: int = 8192, reps: int = 20) -> tuple[float, float]:
-  """(bf16 n×n×n matmul FLOP/s, copy bytes/s over 64·n² fp32) measured here."""
+  """(bf16 n×n×n matmul FLOP/s, bytes/s of an fp32 pass over 16·n²) here."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
-  mm = jax.jit(lambda a, b: a @ b)
-  t = _time(mm, [(a, b)], reps)
+  t = _time(jax.jit(lambda a, b: a @ b), [(a, b)], reps)
   flops = 2 * n**3 / t
-  x = jax.random.normal(jax.random.key(2), (16 * n * n,), jnp.float32)  # 4 GiB at n=8192
-  cp = jax.jit(lambda x: x * 1.0000001)
-  t = _time(cp, [(x,)], reps)
-  bw = 2 * x.size * 4 / t
-  return flops, bw
+  x = jax.random.normal(jax.random.key(2), (16 * n * n,), jnp.float32)
+  t = _time(jax.jit(lambda x: x * 1.0000001), [(x,)], reps)
+  return flops, 2 * x.size * 4 / t
 
 
-def main():
+def _storage_bytes(n: int, dtype) -> float:
+  if jnp.dtype(dtype) == jnp.int8:
+    return n * (1 + 4 / quantization.BLOCK_SIZE)
+  return n * jnp.dtype(dtype).itemsize
+
+
+def _flat(w, state):
+  return [w] + [a for s in state for a in jax.tree.leaves(s)]
+
+
+def _unflat(flat, like_state):
+  w, rest, out = flat[0], list(flat[1:]), []
+  for s in like_state:
+    n = len(jax.tree.leaves(s))
+    out.append(jax.tree.unflatten(jax.tree.structure(s), rest[:n]))
+    rest = rest[n:]
+  return w, tuple(out)
+
+
+def _rel_err(got, want) -> float:
+  def f32(a):
+    if isinstance(a, quantization.QuantizedArray):
+      return np.asarray(quantization.dequantize(a), np.float64)
+    return np.asarray(a.astype(jnp.float32), np.float64)
+  errs = []
+  for g, w in zip(got, want):
+    g, w = f32(g), f32(w)
+    errs.append(float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)))
+  return max(errs)
+
+
+def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False):
+  """One (rule, mode, shape): checked, then unfused and fused timed."""
+  w_dtype, state_dtype, sr = MODES[mode]
+  hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
+  seed = jnp.uint32(1234) if sr else None
+
+  def fresh():
+    w = jnp.asarray(rng.standard_normal((d_in, d_out)), w_dtype)
+    state = []
+    for name in rule.state_names:
+      v = jnp.asarray(1e-2 * rng.standard_normal((d_in, d_out)), jnp.float32)
+      nonneg = name in rule.nonnegative_states
+      if nonneg:
+        v = v * v
+      state.append(quantization.quantize(v, nonneg)
+                   if jnp.dtype(state_dtype) == jnp.int8 else v.astype(state_dtype))
+    return w, tuple(state)
+
+  w, state = fresh()
+  like = state
+
+  def make(impl):
+    def step(x, dy, *flat):
+      *flat, hp_ = flat
+      w_, st = _unflat(flat, like)
+      nw, ns = (fused_dw_update(x, dy, w_, st, hp_, rule=rule, seed=seed,
+                                implementation="triton", interpret=interpret)
+                if impl == "triton"
+                else fused_dw_update_reference(x, dy, w_, st, hp_, rule=rule,
+                                               seed=seed))
+      return tuple(_flat(nw, ns))
+    n = 1 + sum(len(jax.tree.leaves(s)) for s in like)
+    return jax.jit(step, donate_argnums=tuple(range(2, 2 + n)))
+
+  unfused, fused = make("xla"), make("triton")
+  copy = lambda: [jnp.copy(a) for a in _flat(w, state)]  # noqa: E731
+  want = _unflat(unfused(*sets[0], *copy(), hp), like)
+  got = _unflat(fused(*sets[0], *copy(), hp), like)
+  err = _rel_err(_flat(*got), _flat(*want))
+  t_unfused = _time_stateful(unfused, sets, copy(), [hp], reps)
+  t_fused = _time_stateful(fused, sets, copy(), [hp], reps)
+  n = d_in * d_out
+  moved = (2 * t * (d_in + d_out) + 2 * _storage_bytes(n, w_dtype)
+           + 2 * len(rule.state_names) * _storage_bytes(n, state_dtype))
+  return dict(rule=rule.name, mode=mode, rel_err=err, unfused_s=t_unfused,
+              fused_s=t_fused, bytes=moved)
+
+
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--tokens", type=int, default=8192)
-  p.add_argument("--d-in", type=int, default=4096)
-  p.add_argument("--d-out", type=int, default=14336)
+  p.add_argument("--shapes", default="2048:4096x14336",
+                 help="T:inxout, several separated by ','")
+  p.add_argument("--rules", default=",".join(RULES),
+                 help=f"comma-separated, from {sorted(RULES)}")
+  p.add_argument("--modes", default=",".join(MODES),
+                 help=f"comma-separated, from {list(MODES)}")
   p.add_argument("--reps", type=int, default=30)
-  p.add_argument("--configs", default="default;128,128,32,8,8,4;"
-                 "128,256,32,8,8,3;64,128,64,8,4,3;128,64,64,8,4,3",
-                 help="'default' or block_m,block_n,block_t,group_m,num_warps,"
-                 "num_stages; several separated by ';'")
   p.add_argument("--peak-size", type=int, default=8192)
   p.add_argument("--out", default="experiments/results")
-  a = p.parse_args()
-  t, d_in, d_out = a.tokens, a.d_in, a.d_out
+  p.add_argument("--interpret", action="store_true",
+                 help="run the kernel in interpret mode (a CPU smoke test)")
+  a = p.parse_args(argv)
+  rules = [RULES[r] for r in a.rules.split(",")]
+  modes = a.modes.split(",")
+  for m in modes:
+    if m not in MODES:
+      raise SystemExit(f"--modes: {m!r} is not one of {list(MODES)}")
+  shapes = []
+  for spec in a.shapes.split(","):
+    t, dims = spec.split(":")
+    d_in, d_out = dims.split("x")
+    shapes.append((int(t), int(d_in), int(d_out)))
   rng = np.random.default_rng(0)
-  sets = []
-  for _ in range(3):  # rotate inputs so that L2 does not flatter
-    sets.append((jnp.asarray(rng.standard_normal((t, d_in)), jnp.bfloat16),
-                 jnp.asarray(rng.standard_normal((t, d_out)), jnp.bfloat16)))
-  hp = ADAMW.pack(dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8,
-                       weight_decay=0.01), 7)
-
-  def fresh_state():
-    w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.float32)
-    mu = jnp.asarray(0.01 * rng.standard_normal((d_in, d_out)), jnp.float32)
-    nu = jnp.asarray(1e-4 * rng.random((d_in, d_out)), jnp.float32)
-    return w, mu, nu
-
   flops_peak, bw_peak = measure_peaks(a.peak_size)
-  flops = 2 * t * d_in * d_out
-  # Must move: x and dY once (bf16), W, mu, nu read and written (fp32).
-  bytes_min = 2 * t * (d_in + d_out) + 2 * 3 * 4 * d_in * d_out
-  floor = max(flops / flops_peak, bytes_min / bw_peak)
   rows = []
+  for t, d_in, d_out in shapes:
+    sets = [(jnp.asarray(rng.standard_normal((t, d_in)), jnp.bfloat16),
+             jnp.asarray(rng.standard_normal((t, d_out)), jnp.bfloat16))
+            for _ in range(3)]
+    flops = 2 * t * d_in * d_out
+    t_dw = _time(jax.jit(weight_grad_reference), sets, a.reps)
+    for rule in rules:
+      for mode in modes:
+        try:
+          r = bench_case(rule, mode, t, d_in, d_out, sets, a.reps, rng,
+                         a.interpret)
+        except Exception as e:  # reported, not hidden: the table shows it
+          r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
+                   f"{str(e)[:200]}", bytes=float("nan"))
+        floor = max(flops / flops_peak, r["bytes"] / bw_peak)
+        rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor, **r))
+        print(json.dumps(rows[-1]), flush=True)
 
-  dw = jax.jit(weight_grad_reference)
-  rows.append(("xla dW", _time(dw, sets, a.reps), None))
-
-  def unfused(x, dy, w, mu, nu, hp):
-    nw, (nmu, nnu) = fused_dw_update_reference(x, dy, w, (mu, nu), hp, rule=ADAMW)
-    return nw, nmu, nnu
-
-  def run_stateful(fn, name, check_cfg=None):
-    """Times fn(x, dy, w, mu, nu, hp) -> (w, mu, nu) with state donated."""
-    w, mu, nu = fresh_state()
-    # Check against the reference on fresh copies first.
-    ref = unfused(*sets[0], w, mu, nu, hp)
-    got = fn(*sets[0], jnp.copy(w), jnp.copy(mu), jnp.copy(nu), hp)
-    err = max(float(jnp.linalg.norm(g - r) / jnp.linalg.norm(r)) for g, r in zip(got, ref))
-    state = [w, mu, nu]
-    out = fn(*sets[0], *state, hp)
-    jax.block_until_ready(out)
-    times = []
-    for i in range(a.reps):
-      x, dy = sets[i % len(sets)]
-      t0 = time.perf_counter()
-      out = fn(x, dy, *out, hp)
-      jax.block_until_ready(out)
-      times.append(time.perf_counter() - t0)
-    rows.append((name, float(np.median(times)), err))
-
-  run_stateful(jax.jit(unfused, donate_argnums=(2, 3, 4)), "xla dW + adamw (donated)")
-  for spec in a.configs.split(";"):
-    if spec == "default":
-      cfg = FusedDWConfig.default(t, d_in, d_out, jnp.bfloat16)
-    else:
-      cfg = FusedDWConfig(*(int(v) for v in spec.split(",")))
-    bm, bn, bt, gm, nw, ns = (cfg.block_m, cfg.block_n, cfg.block_t,
-                              cfg.group_m, cfg.num_warps, cfg.num_stages)
-
-    def fused(x, dy, w, mu, nu, hp, cfg=cfg):
-      nw_, (nmu, nnu) = fused_dw_update(x, dy, w, (mu, nu), hp, rule=ADAMW,
-                                        implementation="triton", config=cfg)
-      return nw_, nmu, nnu
-    try:
-      run_stateful(jax.jit(fused, donate_argnums=(2, 3, 4)),
-                   f"fused {bm}x{bn}x{bt} g{gm} w{nw} s{ns}")
-    except Exception as e:  # a config that does not compile is reported
-      rows.append((f"fused {spec}", float("nan"), f"error: {type(e).__name__}: {str(e)[:120]}"))
-
-  base = rows[1][1]
-  print(f"\nT={t} in={d_in} out={d_out}: {flops / 1e12:.2f} TFLOP, "
-        f"{bytes_min / 1e9:.2f} GB must move; measured peaks "
-        f"{flops_peak / 1e12:.0f} TFLOP/s, {bw_peak / 1e12:.2f} TB/s; "
-        f"floor {floor * 1e3:.3f} ms ({jax.devices()[0].device_kind}, jax {jax.__version__})")
-  print("| variant | ms | % of floor | speed-up vs unfused | TFLOP/s | rel err |")
-  print("|---|---|---|---|---|---|")
-  for name, sec, err in rows:
-    e = "" if err is None else (f"{err:.1e}" if isinstance(err, float) else err)
-    print(f"| {name} | {sec * 1e3:.3f} | {100 * floor / sec:.0f}% | "
-          f"{base / sec:.2f}x | {flops / sec / 1e12:.0f} | {e} |")
+  print(f"\nmeasured peaks: {flops_peak / 1e12:.0f} TFLOP/s (bf16 matmul), "
+        f"{bw_peak / 1e12:.2f} TB/s; {jax.devices()[0].device_kind}, "
+        f"jax {jax.__version__}")
+  print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
+        "fused ms | fused % of floor | fused vs unfused | TFLOP/s | rel err |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    t, d_in, d_out = r["shape"]
+    if "error" in r:
+      print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | | | | | | | | "
+            f"{r['error']} |")
+      continue
+    print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | "
+          f"{r['floor_s'] * 1e3:.3f} | {r['xla_dw_s'] * 1e3:.3f} | "
+          f"{r['unfused_s'] * 1e3:.3f} | {r['fused_s'] * 1e3:.3f} | "
+          f"{100 * r['floor_s'] / r['fused_s']:.0f}% | "
+          f"{r['unfused_s'] / r['fused_s']:.2f}x | "
+          f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | {r['rel_err']:.1e} |")
   os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, f"bench_fused_dw_{int(time.time())}.json"), "w") as f:
-    json.dump({"shape": [t, d_in, d_out], "floor_s": floor, "peak_flops": flops_peak,
-               "peak_bw": bw_peak, "device": jax.devices()[0].device_kind,
-               "jax": jax.__version__,
-               "rows": [{"variant": n, "seconds": s, "rel_err": e} for n, s, e in rows]},
-              f, indent=1)
+  path = os.path.join(a.out, f"bench_fused_dw_{int(time.time())}.json")
+  with open(path, "w") as f:
+    json.dump({"peak_flops": flops_peak, "peak_bw": bw_peak,
+               "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+               "python": platform.python_version(), "rows": rows}, f, indent=1)
+  print(f"wrote {path}")
+  return rows
 
 
 if __name__ == "__main__":

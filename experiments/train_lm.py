@@ -38,6 +38,7 @@ from forge_jax import data as data_lib
 from forge_jax.models import llama
 
 OPTIMIZERS = ("forge-adamw", "optax-adamw")
+MOMENT_DTYPES = ("float32", "bfloat16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +51,15 @@ class TrainConfig:
   batch_size: int | None = None
   seq_len: int | None = None
   tokenizer: str | None = None
-  dtype: str | None = None  # compute dtype; params and moments are fp32
+  dtype: str | None = None  # compute dtype
+  # Storage of the 7 projection kernels per block (fused or not): a bf16
+  # fused kernel is updated in fp32 and written back with stochastic
+  # rounding unless stochastic_rounding=False (round to nearest).
+  param_dtype: str = "float32"
+  stochastic_rounding: bool = True
+  # Storage of AdamW's mu and nu for every param (forge-adamw only; the
+  # optax-adamw baseline keeps optax's fp32 moments).
+  moment_dtype: str = "float32"
   learning_rate: float | None = None
   warmup_steps: int | None = None
   b1: float = 0.9
@@ -104,6 +113,15 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
       raise ValueError(f"{name}={getattr(cfg, name)} must be positive")
   if cfg.dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={cfg.dtype!r} must be 'float32' or 'bfloat16'")
+  if cfg.param_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"param_dtype={cfg.param_dtype!r} must be 'float32' or "
+                     "'bfloat16'")
+  if cfg.moment_dtype not in MOMENT_DTYPES:
+    raise ValueError(f"moment_dtype={cfg.moment_dtype!r} must be one of "
+                     f"{MOMENT_DTYPES}")
+  if cfg.optimizer == "optax-adamw" and cfg.moment_dtype != "float32":
+    raise ValueError("moment_dtype applies to forge-adamw; the optax-adamw "
+                     "baseline keeps optax's fp32 moments")
   if cfg.stop_at is not None and cfg.stop_at < 1:
     raise ValueError(f"stop_at={cfg.stop_at} must be >= 1")
   if not cfg.learning_rate > 0:
@@ -127,18 +145,27 @@ def build(cfg: TrainConfig, vocab_size: int):
   mcfg = model_config(cfg, vocab_size)
   lr = schedule(cfg)
   hp = dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+  moments = dict(mu_dtype=jnp.dtype(cfg.moment_dtype),
+                 nu_dtype=jnp.dtype(cfg.moment_dtype))
+  param_dtype = jnp.dtype(cfg.param_dtype)
   if cfg.optimizer == "forge-adamw":
-    dense_cls = functools.partial(
-        fj.ForgeDense, optimizer=fj.adamw(lr, **hp),
-        implementation=cfg.implementation)
+    base = functools.partial(
+        fj.ForgeDense, optimizer=fj.adamw(lr, **hp, **moments),
+        implementation=cfg.implementation,
+        stochastic_rounding=cfg.stochastic_rounding)
+    # Unfused params (embeddings, norms) use the same AdamW, unfused.
+    tx = fj.adamw(lr, **hp, **moments)
   else:
-    dense_cls = nn.Dense
+    base, tx = nn.Dense, optax.adamw(lr, **hp)
+
+  def dense_cls(**kw):  # the projections' kernels are stored as param_dtype
+    return base(**{**kw, "param_dtype": param_dtype})
+
   model = llama.Llama(mcfg, dense_cls=dense_cls)
   tokens = jnp.zeros((1, cfg.seq_len), jnp.int32)
   variables = jax.jit(model.init)(jax.random.key(cfg.seed), tokens)
-  # Unfused params (all of them for the baseline) use optax.adamw.
-  state = fj.TrainState.create(apply_fn=model.apply, variables=variables,
-                               tx=optax.adamw(lr, **hp))
+  state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx,
+                               seed=cfg.seed)
 
   def loss_fn(variables, batch):
     logits = model.apply(variables, batch["inputs"])
@@ -152,6 +179,24 @@ def build(cfg: TrainConfig, vocab_size: int):
     return llama.cross_entropy_loss(logits, batch["targets"])
 
   return model, mcfg, state, step, eval_loss
+
+
+def optimizer_state_bytes(state: fj.TrainState) -> int:
+  """Bytes of every optimizer state: fused layers' moments (int8 codes and
+  their scales included; not their probes, seeds or kernels) plus tx's."""
+  skip = {"probe", "rounding_seed"}  # ForgeDense's bookkeeping variables
+  fused = sum(x.nbytes for layer in _fused_layers(state.forge_state)
+              for name, v in layer.items() if name not in skip
+              for x in jax.tree.leaves(v))
+  return int(fused + sum(x.nbytes for x in jax.tree.leaves(state.opt_state)))
+
+
+def _fused_layers(forge_state):
+  for path in fj.fused_kernel_paths(forge_state):
+    node = forge_state
+    for k in path:
+      node = node[k]
+    yield node
 
 
 def _peak_bytes() -> int | None:
@@ -210,6 +255,7 @@ def main(cfg: TrainConfig) -> dict:
   model, mcfg, state, step_fn, eval_loss = build(cfg, tokenizer.vocab_size)
   n_params = llama.num_params(mcfg)
   fused_layers = len(fj.fused_kernel_paths(state.forge_state))
+  state_bytes = optimizer_state_bytes(state)
   records: list[dict] = []
   start = 0
   metrics_path = os.path.join(cfg.out, "metrics.json")
@@ -232,6 +278,7 @@ def main(cfg: TrainConfig) -> dict:
                 for k, v in dataclasses.asdict(mcfg).items()},
       "num_params": n_params,
       "fused_layers": fused_layers,
+      "optimizer_state_bytes": state_bytes,
       "backend": jax.default_backend(),
       "device": str(jax.devices()[0].device_kind),
       "jax": jax.__version__,
@@ -300,7 +347,19 @@ def parse_args(argv=None) -> TrainConfig:
   p.add_argument("--batch-size", type=int)
   p.add_argument("--seq-len", type=int)
   p.add_argument("--tokenizer", choices=data_lib.TOKENIZERS)
-  p.add_argument("--dtype", choices=("float32", "bfloat16"))
+  p.add_argument("--dtype", choices=("float32", "bfloat16"),
+                 help="compute dtype of the model")
+  p.add_argument("--param-dtype", default=TrainConfig.param_dtype,
+                 choices=("float32", "bfloat16"),
+                 help="storage of the projection kernels (bf16 fused kernels "
+                 "are written back with stochastic rounding)")
+  p.add_argument("--no-stochastic-rounding", dest="stochastic_rounding",
+                 action="store_false",
+                 help="round bf16 fused kernels to nearest instead")
+  p.add_argument("--moment-dtype", default=TrainConfig.moment_dtype,
+                 choices=MOMENT_DTYPES,
+                 help="storage of AdamW's mu and nu (forge-adamw; int8: "
+                 "absmax blocks of 64)")
   p.add_argument("--learning-rate", type=float)
   p.add_argument("--warmup-steps", type=int)
   p.add_argument("--eval-every", type=int)

@@ -24,12 +24,26 @@ EPS = {"adamw": {"eps": 1e-8}, "nadamw": {"eps": 1e-8}, "radam": {"eps": 1e-8},
        "rmsprop": {"eps": 1e-8}, "adagrad": {"eps": 1e-8}}
 
 
+# The state-dtype arguments of each optimizer (optax's names where it has them).
+STATE_DTYPE_ARGS = {
+    "adamw": ("mu_dtype", "nu_dtype"), "nadamw": ("mu_dtype", "nu_dtype"),
+    "radam": ("mu_dtype", "nu_dtype"), "lion": ("mu_dtype",),
+    "rmsprop": ("nu_dtype",), "adagrad": ("sum_of_squares_dtype",), "sgd": (),
+    "sgd_momentum": ("accumulator_dtype",), "sgd_nesterov": ("accumulator_dtype",),
+}
+
+
+@pytest.mark.parametrize("state_dtype", [jnp.float32, jnp.bfloat16, jnp.int8])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("name", sorted(FACTORIES))
-def test_zero_gradients_change_nothing(rng, name, dtype):
+def test_zero_gradients_change_nothing(rng, name, dtype, state_dtype):
   params = {"w": jnp.asarray(rng.standard_normal((4, 16)), dtype)}
-  tx = FACTORIES[name](1e-2, **EPS.get(name, {}))
+  kw = {arg: state_dtype for arg in STATE_DTYPE_ARGS[name]}
+  tx = FACTORIES[name](1e-2, **EPS.get(name, {}), **kw)
   state = tx.init(params)
+  if kw:  # the state is stored as asked: int8 codes, or arrays of the dtype
+    want = jnp.int8 if state_dtype == jnp.int8 else state_dtype
+    assert jnp.dtype(want) in {x.dtype for x in jax.tree.leaves(state)}
   p = params
   for _ in range(3):
     updates, state = jax.jit(tx.update)({"w": jnp.zeros((4, 16), dtype)}, state, p)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 
@@ -15,6 +16,32 @@ def _arrays(state) -> dict[str, Any]:
   return {"step": state.step, "params": state.params,
           "forge_state": state.forge_state, "opt_state": state.opt_state,
           "seed": state.seed}
+
+
+def _layout(tree) -> dict[str, str]:
+  """Path -> 'dtype[shape]' of every array in ``tree`` (the saved layout)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {jax.tree_util.keystr(path): f"{jnp.result_type(v).name}"
+                                      f"{list(jnp.shape(v))}"
+          for path, v in flat}
+
+
+def _compare_layouts(saved: Mapping[str, str], wanted: Mapping[str, str],
+                     where: str) -> None:
+  """Raises ValueError listing every difference between two layouts."""
+  problems = [f"missing from the checkpoint: {k} ({wanted[k]})"
+              for k in sorted(set(wanted) - set(saved))]
+  problems += [f"not in the target: {k} ({saved[k]})"
+               for k in sorted(set(saved) - set(wanted))]
+  problems += [f"{k}: checkpoint has {saved[k]}, target wants {wanted[k]}"
+               for k in sorted(set(saved) & set(wanted)) if saved[k] != wanted[k]]
+  if problems:
+    shown = problems[:12] + ([f"... and {len(problems) - 12} more"]
+                             if len(problems) > 12 else [])
+    raise ValueError(
+        f"checkpoint {where} does not match the target state's structure "
+        "(another optimizer, state dtype or width?); nothing was restored:\n  "
+        + "\n  ".join(shown))
 
 
 def _manager(directory: str | os.PathLike, max_to_keep: int | None = None):
@@ -32,6 +59,11 @@ def save_checkpoint(
     overwrite: bool = False,
 ) -> int:
   """Saves ``state`` (params, fused-layer state, optax state, step, seed).
+
+  Every array is saved in its own dtype (bf16 weights, int8 codes and fp32
+  scales of quantized moments, the uint32 rounding seeds), with a JSON
+  layout (path, dtype, shape of each) that :func:`restore_checkpoint`
+  checks before restoring anything.
 
   Args:
     directory: checkpoint root; each step is a subdirectory.
@@ -61,6 +93,7 @@ def save_checkpoint(
       mngr.delete(s)
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(_arrays(state)),
+        layout=ocp.args.JsonSave(_layout(_arrays(state))),
         metadata=ocp.args.JsonSave(dict(metadata or {}))))
     mngr.wait_until_finished()
   return step
@@ -92,14 +125,28 @@ def restore_checkpoint(
     ``(state, metadata)``.
 
   Raises:
-    FileNotFoundError: if there is no complete checkpoint.
-    ValueError: if the checkpoint's tree does not match ``target``'s.
+    FileNotFoundError: if there is no complete checkpoint (at ``step``).
+    ValueError: if the checkpoint's arrays differ from ``target``'s in path,
+      dtype or shape (another optimizer, state dtype, param dtype or width),
+      checked before anything is restored.
   """
   step = latest_checkpoint_step(directory) if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint under {os.fspath(directory)!r}")
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
+  where = f"step {step} under {os.fspath(directory)!r}"
   with _manager(directory) as mngr:
+    if step not in mngr.all_steps():
+      raise FileNotFoundError(f"no checkpoint at {where}")
+    try:
+      saved = mngr.restore(step, args=ocp.args.Composite(
+          layout=ocp.args.JsonRestore()))["layout"]
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+      raise ValueError(f"checkpoint {where} has no readable layout (not "
+                       f"written by forge_jax.save_checkpoint?): {e}") from e
+    # orbax would cast to the target's dtypes and restore a matching
+    # subtree; a different optimizer, state dtype or width must fail instead.
+    _compare_layouts(saved, _layout(_arrays(target)), where)
     try:
       restored = mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract),

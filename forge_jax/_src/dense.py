@@ -28,6 +28,7 @@ from jax import lax
 
 from forge_jax._src import transforms as transforms_lib
 from pallas_kernels import fused_dw
+from pallas_kernels import quantization
 
 FORGE_STATE = "forge_state"
 PROBE = "probe"
@@ -126,6 +127,8 @@ def _forge_linear_fwd(spec, x, kernel, state, hparams, probe, seed):
 
 def _forge_linear_bwd(spec, residuals, dy):
   x, kernel, state, hparams, probe, seed = residuals
+  # int8 codes arrive viewed as float8 (see fused_step) and leave the same way.
+  state = quantization.from_float_view(state)
   spec.context.record_backward(spec.path)
   # dx reads the old kernel; the fused kernel then overwrites it in place.
   # XLA orders the two by itself (experiments/inplace_memory.py checks the
@@ -144,7 +147,8 @@ def _forge_linear_bwd(spec, residuals, dy):
   # cotangent. hparams get no gradient.
   probe_ct = jnp.ones_like(probe) + jnp.sum(dy[..., :0]).astype(probe.dtype)
   seed_ct = None if seed is None else np.zeros(np.shape(seed), jax.dtypes.float0)
-  return dx, new_kernel, new_state, jnp.zeros_like(hparams), probe_ct, seed_ct
+  return (dx, new_kernel, quantization.as_float_view(new_state),
+          jnp.zeros_like(hparams), probe_ct, seed_ct)
 
 
 _forge_linear.defvjp(_forge_linear_fwd, _forge_linear_bwd)
@@ -162,8 +166,11 @@ class ForgeDense(nn.Module):
   same defaults and parameter names (``kernel``, ``bias``).
 
   The kernel's optimizer state (e.g. AdamW's ``mu`` and ``nu``, AdaGrad's
-  ``sum_of_squares``, SGD momentum's ``trace``; fp32, shape (in, features)) lives in the variable collection ``'forge_state'`` with a
-  scalar ``probe`` that counts backward passes. ``model.init`` creates it.
+  ``sum_of_squares``, SGD momentum's ``trace``; shape (in, features), stored
+  as the optimizer's ``mu_dtype``/``nu_dtype``...: float32, bfloat16 or an
+  int8 ``QuantizedArray``) lives in the variable collection
+  ``'forge_state'`` with a scalar ``probe`` that counts backward passes.
+  ``model.init`` creates it.
 
   In a fused step (:func:`forge_jax.make_train_step`) the backward pass
   computes dx with the old kernel, then dW = xᵀ·dY tile by tile with
@@ -247,10 +254,9 @@ class ForgeDense(nn.Module):
                        self.param_dtype) if self.use_bias else None)
     if self.optimizer is not None and self.is_mutable_collection(FORGE_STATE):
       # Created by model.init; a plain apply without the collection is Dense.
-      for name, value in zip(self.optimizer.rule.state_names,
-                             self.optimizer.state_init):
-        self.variable(FORGE_STATE, name, functools.partial(
-            jnp.full, fill_value=value, dtype=jnp.float32), kernel.shape)
+      for name in self.optimizer.rule.state_names:
+        self.variable(FORGE_STATE, name, lambda n=name: self.optimizer.init_state(
+            kernel.shape)[n])
       self.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
       if self.param_dtype == jnp.bfloat16 and self.stochastic_rounding:
         # This layer's stochastic-rounding stream, drawn from its params rng
@@ -296,6 +302,13 @@ class ForgeDense(nn.Module):
     kernel = self.get_variable(FORGE_STATE, KERNEL_INPUT)
     _refuse_parallel_axes(where, inputs, kernel)
     state = tuple(self.get_variable(FORGE_STATE, n) for n in rule.state_names)
+    for n, s, d in zip(rule.state_names, state, self.optimizer.state_dtypes):
+      if quantization.state_storage_dtype(s) != d:
+        raise ValueError(
+            f"ForgeDense at {where!r}: {FORGE_STATE}/{n} is stored as "
+            f"{quantization.state_storage_dtype(s)} but the optimizer's "
+            f"{n}_dtype is {d}: the state comes from another optimizer "
+            "configuration (re-run model.init)")
     probe = self.get_variable(FORGE_STATE, PROBE)
     implementation = fused_dw.resolve_implementation(
         self.implementation or ctx.implementation)

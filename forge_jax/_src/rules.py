@@ -56,6 +56,9 @@ class ElementwiseRule:
       increment (1 at the first step).
     check: validates concrete hyperparameter values; raises ValueError naming
       the offending one.
+    nonnegative_states: the states that are never negative (second moments,
+      sums of squares); stored as int8 they use the square-root code of
+      :mod:`pallas_kernels.quantization`, the others the signed one.
   """
 
   name: str
@@ -64,8 +67,13 @@ class ElementwiseRule:
   direction: DirectionFn
   derived: tuple[tuple[str, Callable[[Mapping[str, Any]], Any]], ...] = ()
   check: Callable[[Mapping[str, Any]], None] = lambda hp: None
+  nonnegative_states: tuple[str, ...] = ()
 
   def __post_init__(self):
+    unknown = set(self.nonnegative_states) - set(self.state_names)
+    if unknown:
+      raise ValueError(f"nonnegative_states {sorted(unknown)} are not in "
+                       f"{self.state_names=}")
     if not self.hyperparam_names or self.hyperparam_names[0] != LEARNING_RATE:
       raise ValueError(
           f"{self.hyperparam_names=} must start with {LEARNING_RATE!r}")
@@ -202,6 +210,7 @@ ADAMW = ElementwiseRule(
     # optax computes (1 - b) from the Python float, in double precision.
     derived=_ONE_MINUS_B,
     check=_ADAM_RANGES,
+    nonnegative_states=("nu",),
 )
 
 
@@ -308,6 +317,7 @@ NADAMW = ElementwiseRule(
     direction=_nadamw_direction,
     derived=_ONE_MINUS_B,
     check=_ADAM_RANGES,
+    nonnegative_states=("nu",),
 )
 
 RADAM = ElementwiseRule(
@@ -321,6 +331,7 @@ RADAM = ElementwiseRule(
         ("ro_denominator", lambda hp: ((2.0 / (1.0 - hp["b2"]) - 5.0)
                                        * (2.0 / (1.0 - hp["b2"]) - 3.0)))),
     check=_ADAM_RANGES,
+    nonnegative_states=("nu",),
 )
 
 LION = ElementwiseRule(
@@ -339,6 +350,7 @@ RMSPROP = ElementwiseRule(
     direction=_rmsprop_direction,
     derived=(("one_minus_decay", lambda hp: 1 - hp["decay"]),),
     check=_check_range(decay=(0.0, 1.0), eps=(0.0, float("inf"))),
+    nonnegative_states=("nu",),
 )
 
 ADAGRAD = ElementwiseRule(
@@ -347,6 +359,7 @@ ADAGRAD = ElementwiseRule(
     hyperparam_names=("learning_rate", "eps", "weight_decay"),
     direction=_adagrad_direction,
     check=_check_range(eps=(0.0, float("inf"))),
+    nonnegative_states=("sum_of_squares",),
 )
 
 SGD = ElementwiseRule(

@@ -12,6 +12,7 @@ from flax import struct
 from flax import traverse_util
 
 from forge_jax._src import dense as dense_lib
+from pallas_kernels import quantization
 
 FORGE_STATE = dense_lib.FORGE_STATE
 PROBE = dense_lib.PROBE
@@ -119,7 +120,8 @@ class TrainState(struct.PyTreeNode):
     step: int32 scalar, number of completed steps.
     params: the model's ``'params'`` collection (fused kernels included).
     forge_state: the ``'forge_state'`` collection: per fused layer its
-      optimizer-state arrays (fp32, shaped like the kernel) and a probe.
+      optimizer state (shaped like the kernel: fp32, bf16 or int8
+      ``QuantizedArray``), a probe, and for bf16 kernels a rounding seed.
     opt_state: state of ``tx`` over the params that are *not* fused kernels
       (embeddings, norms, biases, heads).
     seed: uint32 scalar, the run's stochastic-rounding seed for bfloat16
@@ -216,18 +218,26 @@ def fused_step(
                    for p in paths}
 
   # Only the floating-point state is differentiated (its cotangents are the
-  # new moments and the probe counts); integer state, such as a bf16 layer's
-  # rounding seed, is passed through unchanged.
-  flat_state = traverse_util.flatten_dict(dict(state.forge_state))
-  float_state = {k: v for k, v in flat_state.items()
-                 if jnp.issubdtype(v.dtype, jnp.floating)}
-  const_state = {k: v for k, v in flat_state.items() if k not in float_state}
+  # new moments and the probe counts), int8 codes of quantized moments viewed
+  # as float8 (a bitcast: JAX allows cotangents of floating arrays only);
+  # other integer state, such as a bf16 layer's rounding seed, passes through.
+  viewed = quantization.as_float_view(state.forge_state)
+  leaves, treedef = jax.tree.flatten(viewed)
+  is_diff = [jnp.issubdtype(jnp.result_type(v), jnp.floating) for v in leaves]
+  float_state = [v for v, d in zip(leaves, is_diff) if d]
+  const_state = [v for v, d in zip(leaves, is_diff) if not d]
+
+  def forge_tree(float_leaves):
+    it_f, it_c = iter(float_leaves), iter(const_state)
+    return jax.tree.unflatten(
+        treedef, [next(it_f) if d else next(it_c) for d in is_diff])
 
   def objective(other, kernel_inputs, float_state, fused_params):
     # The layers consume `kernel_inputs` (differentiated: their cotangents are
     # the new kernels); `fused_params` is what params shows for the same
     # kernels, not differentiated, and must not reach the loss.
-    fs = {**const_state, **float_state, **kernel_inputs}
+    fs = traverse_util.flatten_dict(dict(forge_tree(float_state)))
+    fs.update(kernel_inputs)
     out = loss_fn({"params": merge_params(other, fused_params),
                    FORGE_STATE: traverse_util.unflatten_dict(fs) if fs else {}},
                   batch)
@@ -248,18 +258,20 @@ def fused_step(
   updates, opt_state = state.tx.update(grads, state.opt_state, other)
   other = optax.apply_updates(other, updates)
 
-  flat_fs = {**const_state, **new_float_state}
+  flat_fs = traverse_util.flatten_dict(dict(forge_tree(new_float_state)))
   counts = [v for k, v in flat_fs.items() if k[-1] == PROBE]
   backward_ok = jnp.all(jnp.stack([jnp.all(c == 1) for c in counts])
                         ) if counts else jnp.asarray(True)
   flat_fs = {k: (jnp.zeros_like(v) if k[-1] == PROBE else v)
              for k, v in flat_fs.items()}
+  new_forge_state = quantization.from_float_view(
+      traverse_util.unflatten_dict(flat_fs) if flat_fs else {})
   new_fused = {p + ("kernel",): new_kernels[p + (dense_lib.KERNEL_INPUT,)]
                for p in paths}
   new_state = state.replace(
       step=state.step + 1,
       params=merge_params(other, new_fused),
-      forge_state=traverse_util.unflatten_dict(flat_fs) if flat_fs else {},
+      forge_state=new_forge_state,
       opt_state=opt_state)
   metrics = {**aux, "loss": loss, "forge_backward_ok": backward_ok}
   return new_state, metrics

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from forge_jax._src import rules as rules_lib
+from pallas_kernels import quantization
 
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
@@ -31,6 +32,7 @@ class _FusedUpdate:
   rule: rules_lib.ElementwiseRule
   hyperparams: Mapping[str, ScalarOrSchedule]
   state_init: tuple[Any, ...]
+  state_dtypes: tuple[Any, ...]
 
   def __call__(self, updates, state, params=None, **extra_args):
     return self.fn(updates, state, params, **extra_args)
@@ -51,10 +53,13 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
   def create(cls, tx: optax.GradientTransformation,
              rule: rules_lib.ElementwiseRule,
              hyperparams: Mapping[str, ScalarOrSchedule],
-             state_init: tuple[float, ...] | None = None) -> "ForgeTransformation":
+             state_init: tuple[float, ...] | None = None,
+             state_dtypes: tuple[Any, ...] | None = None,
+             ) -> "ForgeTransformation":
     """Wraps ``tx`` (which must compute ``rule``) with its fused description.
 
-    ``state_init`` gives each state array's initial value (default zeros).
+    ``state_init`` gives each state array's initial value (default zeros),
+    ``state_dtypes`` its storage dtype (default float32).
     """
     missing = set(rule.hyperparam_names) - set(hyperparams)
     if missing:
@@ -63,14 +68,31 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
       state_init = (0.0,) * len(rule.state_names)
     if len(state_init) != len(rule.state_names):
       raise ValueError(f"state_init needs one value per {rule.state_names}")
+    state_dtypes = _state_dtypes(rule, state_dtypes)
     tx = optax.with_extra_args_support(tx)
     return cls(tx.init, _FusedUpdate(tx.update, rule, dict(hyperparams),
-                                     tuple(state_init)))
+                                     tuple(state_init), state_dtypes))
 
   @property
   def state_init(self) -> tuple[float, ...]:
     """Initial value of each state array, ordered like ``rule.state_names``."""
     return self.update.state_init
+
+  @property
+  def state_dtypes(self) -> tuple[jnp.dtype, ...]:
+    """Storage dtype of each state array (float32, bfloat16 or int8)."""
+    return self.update.state_dtypes
+
+  def init_state(self, shape: tuple[int, ...]) -> dict[str, Any]:
+    """The initial state arrays of one parameter of ``shape``, by name.
+
+    Each is an array of ``shape`` (float32 or bfloat16) or, for int8, a
+    :class:`~pallas_kernels.quantization.QuantizedArray`.
+    """
+    return {n: quantization.full_state(
+        shape, v, d, n in self.rule.nonnegative_states)
+            for n, v, d in zip(self.rule.state_names, self.state_init,
+                               self.state_dtypes)}
 
   @property
   def rule(self) -> rules_lib.ElementwiseRule:
@@ -95,6 +117,16 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
     return self.rule.pack(self.hyperparams_at(step), jnp.asarray(step) + 1)
 
 
+def _state_dtypes(rule: rules_lib.ElementwiseRule, dtypes) -> tuple[Any, ...]:
+  """Validated storage dtypes, one per state (None -> float32)."""
+  if dtypes is None:
+    dtypes = (None,) * len(rule.state_names)
+  if len(dtypes) != len(rule.state_names):
+    raise ValueError(f"state_dtypes needs one dtype per {rule.state_names}")
+  return tuple(quantization.state_dtype(f"{n}_dtype", d)
+               for n, d in zip(rule.state_names, dtypes))
+
+
 def _validate(rule: rules_lib.ElementwiseRule, hyperparams: Mapping[str, Any]):
   """Checks hyperparameters once, at construction (schedules at step 0).
 
@@ -110,22 +142,27 @@ def _validate(rule: rules_lib.ElementwiseRule, hyperparams: Mapping[str, Any]):
 
 def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
                    state_cls, state_init: tuple[float, ...] | None = None,
-                   out_dtype: Any = None) -> optax.GradientTransformation:
+                   out_dtype: Any = None,
+                   state_dtypes: tuple[Any, ...] | None = None,
+                   ) -> optax.GradientTransformation:
   """The optax transformation of ``rule``: its direction, no learning rate.
 
-  State: ``state_cls(count, *state arrays)``, each array fp32 and shaped like
-  its param. ``update`` needs ``params``; updates keep each param's dtype
-  (or are ``out_dtype``: the aliases keep fp32 until the learning rate is
-  applied, then cast).
+  State: ``state_cls(count, *state arrays)``, each shaped like its param and
+  stored as ``state_dtypes`` (float32 by default; bfloat16; int8 as a
+  ``QuantizedArray``), computed in fp32. ``update`` needs ``params``; updates
+  keep each param's dtype (or are ``out_dtype``: the aliases keep fp32 until
+  the learning rate is applied, then cast).
   """
   hp = {rules_lib.LEARNING_RATE: 0.0, **hp}
   _validate(rule, hp)
   state_init = state_init or (0.0,) * len(rule.state_names)
+  state_dtypes = _state_dtypes(rule, state_dtypes)
 
   def init_fn(params):
     arrays = {n: jax.tree.map(
-        lambda p, v=v: jnp.full(jnp.shape(p), v, jnp.float32), params)
-              for n, v in zip(rule.state_names, state_init)}
+        lambda p, v=v, d=d, n=n: quantization.full_state(
+            jnp.shape(p), v, d, n in rule.nonnegative_states), params)
+              for n, v, d in zip(rule.state_names, state_init, state_dtypes)}
     return state_cls(count=jnp.zeros([], jnp.int32), **arrays)
 
   def update_fn(updates, state, params=None):
@@ -143,8 +180,10 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
 
     def leaf(g, p, *arrays):
       direction, new = rule.direction(
-          g.astype(jnp.float32), p.astype(jnp.float32), arrays, hpv, count_f)
-      return (direction.astype(out_dtype or p.dtype), *new)
+          g.astype(jnp.float32), p.astype(jnp.float32),
+          tuple(quantization.state_to_f32(a) for a in arrays), hpv, count_f)
+      return (direction.astype(out_dtype or p.dtype),
+              *(quantization.state_from_f32(x, a) for x, a in zip(new, arrays)))
 
     treedef = jax.tree.structure(updates)
     arrays = [treedef.flatten_up_to(getattr(state, n)) for n in rule.state_names]
@@ -165,7 +204,8 @@ def _cast_to_param_dtype() -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
-def _alias(rule, learning_rate, hp, state_cls, state_init=None):
+def _alias(rule, learning_rate, hp, state_cls, state_init=None,
+           state_dtypes=None):
   """The optimizer with its learning rate, carrying its fused form.
 
   ``chain(direction in fp32, scale_by_learning_rate, cast to the param
@@ -177,10 +217,11 @@ def _alias(rule, learning_rate, hp, state_cls, state_init=None):
   full = {rules_lib.LEARNING_RATE: learning_rate, **hp}
   _validate(rule, full)
   tx = optax.chain(
-      _scale_by_rule(rule, hp, state_cls, state_init, out_dtype=jnp.float32),
+      _scale_by_rule(rule, hp, state_cls, state_init, out_dtype=jnp.float32,
+                     state_dtypes=state_dtypes),
       optax.scale_by_learning_rate(learning_rate),
       _cast_to_param_dtype())
-  return ForgeTransformation.create(tx, rule, full, state_init)
+  return ForgeTransformation.create(tx, rule, full, state_init, state_dtypes)
 
 
 class ScaleByAdamWState(NamedTuple):
@@ -188,8 +229,8 @@ class ScaleByAdamWState(NamedTuple):
   :func:`scale_by_radam`."""
 
   count: jax.Array  # int32 (), number of updates so far.
-  mu: optax.Updates  # First moment, fp32, shaped like params.
-  nu: optax.Updates  # Second moment, fp32, shaped like params.
+  mu: optax.Updates  # First moment, shaped like params: fp32, bf16 or a QuantizedArray (int8).
+  nu: optax.Updates  # Second moment, shaped like params: fp32, bf16 or a QuantizedArray (int8).
 
 
 def scale_by_adamw(
@@ -197,6 +238,9 @@ def scale_by_adamw(
     b2: float = 0.999,
     eps: float = 1e-8,
     weight_decay: float = 1e-4,
+    *,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   r"""AdamW's direction, decoupled weight decay included, without the learning rate.
 
@@ -215,13 +259,18 @@ def scale_by_adamw(
     b2: decay of the second moment.
     eps: added to the denominator outside the square root.
     weight_decay: decoupled weight decay :math:`\lambda`.
+    mu_dtype, nu_dtype: storage of the moments: ``None``/float32, bfloat16
+      (rounded to nearest) or int8 (absmax blocks of 64 with an fp32 scale;
+      ``nu`` through its square root, see :mod:`pallas_kernels.quantization`).
+      The update is computed in fp32 whatever the storage.
 
   Returns:
     An ``optax.GradientTransformation`` with state :class:`ScaleByAdamWState`.
     Its ``update`` needs ``params``; updates keep each param's dtype.
 
   Raises:
-    ValueError: for b1 or b2 outside [0, 1), negative eps or weight_decay.
+    ValueError: for b1 or b2 outside [0, 1), negative eps or weight_decay, a
+      state dtype other than float32, bfloat16 or int8.
 
   References:
     Loshchilov & Hutter, Decoupled Weight Decay Regularization,
@@ -229,7 +278,7 @@ def scale_by_adamw(
   """
   return _scale_by_rule(
       rules_lib.ADAMW, dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
-      ScaleByAdamWState)
+      ScaleByAdamWState, state_dtypes=(mu_dtype, nu_dtype))
 
 
 def adamw(
@@ -238,6 +287,9 @@ def adamw(
     b2: float = 0.999,
     eps: float = 1e-8,
     weight_decay: float = 1e-4,
+    *,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
 ) -> ForgeTransformation:
   """AdamW with the learning rate; usable in optax and fused in ForgeDense.
 
@@ -249,7 +301,7 @@ def adamw(
 
   Args:
     learning_rate: a float or an optax schedule of the step count.
-    b1, b2, eps, weight_decay: see :func:`scale_by_adamw`.
+    b1, b2, eps, weight_decay, mu_dtype, nu_dtype: see :func:`scale_by_adamw`.
 
   Returns:
     A :class:`ForgeTransformation`.
@@ -262,42 +314,49 @@ def adamw(
     >>> updates, state = tx.update({'w': jnp.ones(3)}, state, params)
   """
   hp = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-  return _alias(rules_lib.ADAMW, learning_rate, hp, ScaleByAdamWState)
+  return _alias(rules_lib.ADAMW, learning_rate, hp, ScaleByAdamWState,
+                state_dtypes=(mu_dtype, nu_dtype))
 
 
 def scale_by_nadamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                    weight_decay: float = 1e-4) -> optax.GradientTransformation:
+                    weight_decay: float = 1e-4, *, mu_dtype: Any = None,
+                    nu_dtype: Any = None) -> optax.GradientTransformation:
   r"""NAdam's direction with decoupled weight decay (``forge_jax.rules.NADAMW``).
 
   Adam's moments, the first corrected with Nesterov's look-ahead:
   :math:`\hat m_t = \beta_1 m_t / (1-\beta_1^{t+1}) + (1-\beta_1) g_t /
   (1-\beta_1^t)`; numerically ``optax.scale_by_adam(nesterov=True)`` then
-  ``optax.add_decayed_weights``. State :class:`ScaleByAdamWState`.
+  ``optax.add_decayed_weights``. State :class:`ScaleByAdamWState`, stored as
+  ``mu_dtype``/``nu_dtype`` (see :func:`scale_by_adamw`).
 
   References:
     Dozat, Incorporating Nesterov Momentum into Adam, ICLR workshop 2016.
   """
   return _scale_by_rule(
       rules_lib.NADAMW, dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
-      ScaleByAdamWState)
+      ScaleByAdamWState, state_dtypes=(mu_dtype, nu_dtype))
 
 
 def nadamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-           eps: float = 1e-8, weight_decay: float = 1e-4) -> ForgeTransformation:
+           eps: float = 1e-8, weight_decay: float = 1e-4, *,
+           mu_dtype: Any = None, nu_dtype: Any = None) -> ForgeTransformation:
   """NAdamW; numerically ``optax.nadamw`` (same names and defaults)."""
   hp = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-  return _alias(rules_lib.NADAMW, learning_rate, hp, ScaleByAdamWState)
+  return _alias(rules_lib.NADAMW, learning_rate, hp, ScaleByAdamWState,
+                state_dtypes=(mu_dtype, nu_dtype))
 
 
 def scale_by_radam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                   threshold: float = 5.0, weight_decay: float = 0.0,
+                   threshold: float = 5.0, weight_decay: float = 0.0, *,
+                   mu_dtype: Any = None, nu_dtype: Any = None,
                    ) -> optax.GradientTransformation:
   r"""Rectified Adam's direction (``forge_jax.rules.RADAM``).
 
   :math:`\rho_t = \rho_\infty - 2t\beta_2^t/(1-\beta_2^t)`; below
   ``threshold`` the step is the bias-corrected momentum, above it Adam's step
   times the rectification :math:`r_t`. Numerically ``optax.scale_by_radam``
-  (plus decoupled weight decay, 0 by default). State :class:`ScaleByAdamWState`.
+  (plus decoupled weight decay, 0 by default). State :class:`ScaleByAdamWState`,
+  stored as ``mu_dtype``/``nu_dtype`` (see :func:`scale_by_adamw`).
 
   References:
     Liu et al., On the Variance of the Adaptive Learning Rate and Beyond,
@@ -305,31 +364,35 @@ def scale_by_radam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
   """
   return _scale_by_rule(
       rules_lib.RADAM, dict(b1=b1, b2=b2, eps=eps, threshold=threshold,
-                            weight_decay=weight_decay), ScaleByAdamWState)
+                            weight_decay=weight_decay), ScaleByAdamWState,
+      state_dtypes=(mu_dtype, nu_dtype))
 
 
 def radam(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, threshold: float = 5.0,
-          weight_decay: float = 0.0) -> ForgeTransformation:
+          weight_decay: float = 0.0, *, mu_dtype: Any = None,
+          nu_dtype: Any = None) -> ForgeTransformation:
   """RAdam; numerically ``optax.radam`` when ``weight_decay=0``."""
   hp = dict(b1=b1, b2=b2, eps=eps, threshold=threshold, weight_decay=weight_decay)
-  return _alias(rules_lib.RADAM, learning_rate, hp, ScaleByAdamWState)
+  return _alias(rules_lib.RADAM, learning_rate, hp, ScaleByAdamWState,
+                state_dtypes=(mu_dtype, nu_dtype))
 
 
 class ScaleByLionState(NamedTuple):
   """State of :func:`scale_by_lion`."""
 
   count: jax.Array  # int32 (), number of updates so far.
-  mu: optax.Updates  # Momentum, fp32, shaped like params.
+  mu: optax.Updates  # Momentum, shaped like params: fp32, bf16 or a QuantizedArray (int8).
 
 
-def scale_by_lion(b1: float = 0.9, b2: float = 0.99,
-                  weight_decay: float = 1e-3) -> optax.GradientTransformation:
+def scale_by_lion(b1: float = 0.9, b2: float = 0.99, weight_decay: float = 1e-3,
+                  *, mu_dtype: Any = None) -> optax.GradientTransformation:
   r"""Lion's direction (``forge_jax.rules.LION``).
 
   :math:`u_t = \mathrm{sign}((1-\beta_1) g_t + \beta_1 m_{t-1}) + \lambda p_t`,
   :math:`m_t = (1-\beta_2) g_t + \beta_2 m_{t-1}`; numerically
-  ``optax.scale_by_lion`` then ``optax.add_decayed_weights``.
+  ``optax.scale_by_lion`` then ``optax.add_decayed_weights``. ``mu`` is
+  stored as ``mu_dtype`` (float32, bfloat16 or int8).
 
   References:
     Chen et al., Symbolic Discovery of Optimization Algorithms,
@@ -337,71 +400,80 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99,
   """
   return _scale_by_rule(rules_lib.LION,
                         dict(b1=b1, b2=b2, weight_decay=weight_decay),
-                        ScaleByLionState)
+                        ScaleByLionState, state_dtypes=(mu_dtype,))
 
 
 def lion(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.99,
-         weight_decay: float = 1e-3) -> ForgeTransformation:
+         weight_decay: float = 1e-3, *, mu_dtype: Any = None,
+         ) -> ForgeTransformation:
   """Lion; numerically ``optax.lion`` (same names and defaults)."""
   hp = dict(b1=b1, b2=b2, weight_decay=weight_decay)
-  return _alias(rules_lib.LION, learning_rate, hp, ScaleByLionState)
+  return _alias(rules_lib.LION, learning_rate, hp, ScaleByLionState,
+                state_dtypes=(mu_dtype,))
 
 
 class ScaleByRmsState(NamedTuple):
   """State of :func:`scale_by_rms`."""
 
   count: jax.Array  # int32 (), number of updates so far.
-  nu: optax.Updates  # Moving average of g², fp32, shaped like params.
+  nu: optax.Updates  # Moving average of g², shaped like params: fp32, bf16 or a QuantizedArray (int8).
 
 
 def scale_by_rms(decay: float = 0.9, eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> optax.GradientTransformation:
+                 weight_decay: float = 0.0, *,
+                 nu_dtype: Any = None) -> optax.GradientTransformation:
   r"""RMSprop's direction (``forge_jax.rules.RMSPROP``).
 
   :math:`\nu_t = \delta \nu_{t-1} + (1-\delta) g_t^2`,
   :math:`u_t = g_t / \sqrt{\nu_t + \epsilon}`; numerically
   ``optax.scale_by_rms`` (eps inside the root, no bias correction, initial
-  scale 0).
+  scale 0). ``nu`` is stored as ``nu_dtype`` (float32, bfloat16 or int8).
 
   References:
     Tieleman & Hinton, Lecture 6.5 - RMSProp, COURSERA 2012.
   """
   return _scale_by_rule(rules_lib.RMSPROP,
                         dict(decay=decay, eps=eps, weight_decay=weight_decay),
-                        ScaleByRmsState)
+                        ScaleByRmsState, state_dtypes=(nu_dtype,))
 
 
 def rmsprop(learning_rate: ScalarOrSchedule, decay: float = 0.9,
-            eps: float = 1e-8, weight_decay: float = 0.0) -> ForgeTransformation:
+            eps: float = 1e-8, weight_decay: float = 0.0, *,
+            nu_dtype: Any = None) -> ForgeTransformation:
   """RMSprop; numerically ``optax.rmsprop`` with its defaults."""
   hp = dict(decay=decay, eps=eps, weight_decay=weight_decay)
-  return _alias(rules_lib.RMSPROP, learning_rate, hp, ScaleByRmsState)
+  return _alias(rules_lib.RMSPROP, learning_rate, hp, ScaleByRmsState,
+                state_dtypes=(nu_dtype,))
 
 
 class ScaleByRssState(NamedTuple):
   """State of :func:`scale_by_rss`."""
 
   count: jax.Array  # int32 (), number of updates so far.
-  sum_of_squares: optax.Updates  # Sum of g², fp32, shaped like params.
+  sum_of_squares: optax.Updates  # Sum of g², shaped like params: fp32, bf16 or a QuantizedArray (int8).
 
 
 def scale_by_rss(initial_accumulator_value: float = 0.1, eps: float = 1e-7,
-                 weight_decay: float = 0.0) -> optax.GradientTransformation:
+                 weight_decay: float = 0.0, *, sum_of_squares_dtype: Any = None,
+                 ) -> optax.GradientTransformation:
   r"""AdaGrad's direction (``forge_jax.rules.ADAGRAD``).
 
   :math:`s_t = s_{t-1} + g_t^2` from ``initial_accumulator_value``,
   :math:`u_t = g_t / \sqrt{s_t + \epsilon}`; numerically ``optax.scale_by_rss``.
+  The sum is stored as ``sum_of_squares_dtype`` (float32, bfloat16 or int8).
 
   References:
     Duchi et al., Adaptive Subgradient Methods, JMLR 2011.
   """
   return _scale_by_rule(rules_lib.ADAGRAD, dict(eps=eps, weight_decay=weight_decay),
-                        ScaleByRssState, (initial_accumulator_value,))
+                        ScaleByRssState, (initial_accumulator_value,),
+                        state_dtypes=(sum_of_squares_dtype,))
 
 
 def adagrad(learning_rate: ScalarOrSchedule,
             initial_accumulator_value: float = 0.1, eps: float = 1e-7,
-            weight_decay: float = 0.0) -> ForgeTransformation:
+            weight_decay: float = 0.0, *,
+            sum_of_squares_dtype: Any = None) -> ForgeTransformation:
   """AdaGrad; numerically ``optax.adagrad`` (same names and defaults)."""
   if initial_accumulator_value is None or callable(initial_accumulator_value):
     raise ValueError("initial_accumulator_value must be a number >= 0, got "
@@ -412,7 +484,8 @@ def adagrad(learning_rate: ScalarOrSchedule,
                      "must be >= 0")
   hp = dict(eps=eps, weight_decay=weight_decay)
   return _alias(rules_lib.ADAGRAD, learning_rate, hp, ScaleByRssState,
-                (initial_accumulator_value,))
+                (initial_accumulator_value,),
+                state_dtypes=(sum_of_squares_dtype,))
 
 
 class ScaleBySgdState(NamedTuple):
@@ -425,7 +498,7 @@ class ScaleByMomentumState(NamedTuple):
   """State of :func:`scale_by_momentum`."""
 
   count: jax.Array  # int32 (), number of updates so far.
-  trace: optax.Updates  # Momentum buffer, fp32, shaped like params.
+  trace: optax.Updates  # Momentum buffer, shaped like params: fp32, bf16 or a QuantizedArray (int8).
 
 
 def scale_by_sgd(weight_decay: float = 0.0) -> optax.GradientTransformation:
@@ -435,31 +508,41 @@ def scale_by_sgd(weight_decay: float = 0.0) -> optax.GradientTransformation:
 
 
 def scale_by_momentum(momentum: float = 0.9, nesterov: bool = False,
-                      weight_decay: float = 0.0) -> optax.GradientTransformation:
+                      weight_decay: float = 0.0, *,
+                      accumulator_dtype: Any = None,
+                      ) -> optax.GradientTransformation:
   r"""SGD momentum's direction (``rules.SGD_MOMENTUM`` / ``SGD_NESTEROV``).
 
   :math:`b_t = g_t + \mu b_{t-1}`; the direction is :math:`b_t`, or with
-  Nesterov :math:`g_t + \mu b_t`; numerically ``optax.trace``.
+  Nesterov :math:`g_t + \mu b_t`; numerically ``optax.trace``. The trace
+  is stored as ``accumulator_dtype`` (optax's name; float32, bfloat16, int8).
   """
   rule = rules_lib.SGD_NESTEROV if nesterov else rules_lib.SGD_MOMENTUM
   return _scale_by_rule(rule, dict(momentum=momentum, weight_decay=weight_decay),
-                        ScaleByMomentumState)
+                        ScaleByMomentumState, state_dtypes=(accumulator_dtype,))
 
 
 def sgd(learning_rate: ScalarOrSchedule, momentum: float | None = None,
-        nesterov: bool = False, weight_decay: float = 0.0) -> ForgeTransformation:
+        nesterov: bool = False, weight_decay: float = 0.0, *,
+        accumulator_dtype: Any = None) -> ForgeTransformation:
   """SGD, with momentum (optionally Nesterov) when ``momentum`` is given.
 
-  Numerically ``optax.sgd`` (same names) when ``weight_decay=0``.
+  Numerically ``optax.sgd`` (same names) when ``weight_decay=0``; the
+  momentum ``trace`` is stored as ``accumulator_dtype``.
 
   Raises:
-    ValueError: for ``nesterov=True`` without ``momentum``.
+    ValueError: for ``nesterov=True`` or ``accumulator_dtype`` without
+      ``momentum``.
   """
   if momentum is None:
     if nesterov:
       raise ValueError("nesterov=True needs a momentum")
+    if accumulator_dtype is not None:
+      raise ValueError("accumulator_dtype needs a momentum (plain SGD has no "
+                       "state)")
     hp = dict(weight_decay=weight_decay)
     return _alias(rules_lib.SGD, learning_rate, hp, ScaleBySgdState)
   hp = dict(momentum=momentum, weight_decay=weight_decay)
   rule = rules_lib.SGD_NESTEROV if nesterov else rules_lib.SGD_MOMENTUM
-  return _alias(rule, learning_rate, hp, ScaleByMomentumState)
+  return _alias(rule, learning_rate, hp, ScaleByMomentumState,
+                state_dtypes=(accumulator_dtype,))

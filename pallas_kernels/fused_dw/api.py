@@ -8,6 +8,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import quantization
 from pallas_kernels.fused_dw import kernel_triton
 from pallas_kernels.fused_dw.kernel_triton import FusedDWConfig
 from pallas_kernels.fused_dw.reference import fused_dw_update_reference
@@ -66,10 +67,27 @@ def _check_args(x, dy, w, state, hparams, rule, seed):
         f"state must hold {len(rule.state_names)} arrays {rule.state_names} "
         f"for rule {rule.name!r}, got {len(state)}")
   for name, s in zip(rule.state_names, state):
-    if s.shape != w.shape or s.dtype != jnp.float32:
+    nonneg = name in rule.nonnegative_states
+    if isinstance(s, quantization.QuantizedArray):
+      want = quantization.scale_shape(w.shape)
+      if (s.codes.shape != w.shape or s.codes.dtype != jnp.int8
+          or s.scale.shape != want or s.scale.dtype != jnp.float32):
+        raise ValueError(
+            f"state {name!r}: a QuantizedArray for w of shape {w.shape} needs "
+            f"int8 codes of that shape and float32 scales of shape {want}, got "
+            f"{s.codes.dtype}{list(s.codes.shape)} and "
+            f"{s.scale.dtype}{list(s.scale.shape)}")
+      if s.nonnegative != nonneg:
+        raise ValueError(
+            f"state {name!r} must be quantized with nonnegative={nonneg} for "
+            f"rule {rule.name!r}, got nonnegative={s.nonnegative}")
+      continue
+    if (getattr(s, "shape", None) != w.shape
+        or getattr(s, "dtype", None) not in _OPERAND_DTYPES):
       raise ValueError(
-          f"state {name!r} must be float32 of shape {w.shape}, got "
-          f"{s.dtype}{list(s.shape)}")
+          f"state {name!r} must be float32 or bfloat16 of shape {w.shape}, or "
+          f"a QuantizedArray, got {type(s).__name__} "
+          f"{getattr(s, 'dtype', '')}{list(getattr(s, 'shape', ()))}")
   if hparams.shape != (rule.num_hyperparams,) or hparams.dtype != jnp.float32:
     raise ValueError(
         f"hparams must be float32 of shape ({rule.num_hyperparams},) "
@@ -101,8 +119,11 @@ def fused_dw_update(
     dy: output cotangents, (T, out), same dtype as ``x``.
     w: weights, (in, out), float32 or bfloat16 (updated in fp32, then
       rounded: stochastically when ``seed`` is given, else to nearest).
-    state: optimizer-state arrays ordered like ``rule.state_names``, each
-      float32 of shape (in, out).
+    state: optimizer state ordered like ``rule.state_names``, each of shape
+      (in, out): float32, bfloat16 (rounded to nearest when written) or a
+      ``quantization.QuantizedArray`` (int8 codes, one fp32 scale per 64
+      elements of a row, ``nonnegative`` for ``rule.nonnegative_states``).
+      Each is read, updated in fp32 and written back in its own format.
     hparams: float32 vector ``[*rule.hyperparam_names, count]`` (see
       ``ElementwiseRule.pack``); traced, so changing it does not recompile.
     rule: an ``ElementwiseRule`` (e.g. ``forge_jax.rules.ADAMW``).
@@ -121,7 +142,8 @@ def fused_dw_update(
     decays the moments and applies weight decay), as unfused.
 
   Raises:
-    ValueError: on wrong shapes or dtypes, or an unknown implementation.
+    ValueError: on wrong shapes or dtypes, an unknown implementation, or a
+      ``config.block_n`` that is not a multiple of 64 with int8 state.
     RuntimeError: for ``implementation='triton'`` without a GPU and without
       ``interpret``.
   """
@@ -137,8 +159,16 @@ def fused_dw_update(
         "implementation='triton' needs a GPU backend (found "
         f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
         "in interpret mode, or implementation='xla' for the reference")
+  quantized = any(isinstance(s, quantization.QuantizedArray) for s in state)
   if config is None:
-    config = FusedDWConfig.default(x.shape[0], *w.shape, x.dtype)
+    config = FusedDWConfig.default(
+        x.shape[0], *w.shape, x.dtype,
+        min_block_n=quantization.BLOCK_SIZE if quantized else 16)
+  elif quantized and config.block_n % quantization.BLOCK_SIZE:
+    raise ValueError(
+        f"config.block_n={config.block_n} must be a multiple of "
+        f"{quantization.BLOCK_SIZE} for int8 state (a tile must hold whole "
+        "quantization blocks)")
   return kernel_triton.fused_dw_update_triton(
       x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
       seed=seed)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels import quantization
 from pallas_kernels.fused_dw import reference
 
 with warnings.catch_warnings():
@@ -63,19 +64,23 @@ class FusedDWConfig:
 
   @classmethod
   def default(cls, t: int, d_in: int, d_out: int, dtype,
-              min_tiles: int = 132) -> "FusedDWConfig":
+              min_tiles: int = 132, min_block_n: int = 16) -> "FusedDWConfig":
     """A heuristic configuration for x of shape (t, d_in), dY of (t, d_out).
 
     The token loop runs inside each program, so parallelism comes from the
     number of W tiles only: the largest tile that still gives ``min_tiles``
     programs (the H200's 132 multiprocessors) is taken, down to 32×32.
+    ``block_n`` is at least ``min_block_n`` (64 for int8 state, whose
+    quantization blocks must lie whole in a tile).
     """
     del t
     block_t = 64 if jnp.dtype(dtype).itemsize <= 2 else 32
-    fit = lambda d: max(16, min(128, pl.next_power_of_2(d)))  # noqa: E731
-    bm, bn = fit(d_in), fit(d_out)
-    while pl.cdiv(d_in, bm) * pl.cdiv(d_out, bn) < min_tiles and max(bm, bn) > 32:
-      if bm >= bn:
+    fit = lambda d, low: max(low, min(128, pl.next_power_of_2(d)))  # noqa: E731
+    bm, bn = fit(d_in, 16), fit(d_out, min_block_n)
+    low_n = max(32, min_block_n)
+    while (pl.cdiv(d_in, bm) * pl.cdiv(d_out, bn) < min_tiles
+           and (bm > 32 or bn > low_n)):
+      if (bm >= bn or bn <= low_n) and bm > 32:
         bm //= 2
       else:
         bn //= 2
@@ -83,15 +88,30 @@ class FusedDWConfig:
     return cls(block_m=bm, block_n=bn, block_t=block_t, num_warps=num_warps)
 
 
+def _split(refs, kinds):
+  """Groups state refs: one per plain state, (codes, scale) per int8 state."""
+  out, i = [], 0
+  for kind in kinds:
+    if kind == "plain":
+      out.append(refs[i])
+      i += 1
+    else:
+      out.append((refs[i], refs[i + 1]))
+      i += 2
+  return out, refs[i:]
+
+
 def _fused_dw_kernel(
     x_ref, dy_ref, hp_ref, *refs,
-    rule, config: FusedDWConfig, precision, has_seed: bool,
+    rule, config: FusedDWConfig, precision, has_seed: bool, kinds,
 ):
-  # refs: [seed], w, *state, then the outputs w, *state.
-  n_state = len(rule.state_names)
+  # refs: [seed], w, *state, then the outputs w, *state; an int8 state is two
+  # refs (codes, scale), kinds[i] says which ("plain", "signed", "nonneg").
   seed_ref, refs = (refs[0], refs[1:]) if has_seed else (None, refs)
-  w_ref, state_refs = refs[0], refs[1:1 + n_state]
-  w_out_ref, *state_out_refs = refs[1 + n_state:]
+  w_ref, refs = refs[0], refs[1:]
+  state_refs, refs = _split(refs, kinds)
+  w_out_ref, refs = refs[0], refs[1:]
+  state_out_refs, _ = _split(refs, kinds)
   t, d_in = x_ref.shape
   d_out = dy_ref.shape[1]
   bm, bn, bt = config.block_m, config.block_n, config.block_t
@@ -128,16 +148,44 @@ def _fused_dw_kernel(
   mask = row_mask[:, None] & col_mask[None, :]
   hp, count = rule.unpack(hp_ref)
   w = plgpu.load(w_ref.at[tile], mask=mask, other=0.0)
-  state = tuple(plgpu.load(r.at[tile], mask=mask, other=0.0) for r in state_refs)
-  new_w, new_state = rule.update(
-      grad, w.astype(jnp.float32), tuple(s.astype(jnp.float32) for s in state),
-      hp, count)
+  # Scales of the int8 states: bn / 64 blocks per tile row.
+  nb = bn // quantization.BLOCK_SIZE
+  blocks = pid_n * nb + jnp.arange(max(nb, 1))
+  scale_tile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * nb, max(nb, 1)))
+  scale_mask = row_mask[:, None] & (
+      blocks < quantization.num_blocks(d_out))[None, :]
+  block_view = (bm, max(nb, 1), quantization.BLOCK_SIZE)
+
+  def load_state(r, kind):
+    if kind == "plain":
+      return plgpu.load(r.at[tile], mask=mask, other=0.0).astype(jnp.float32)
+    codes_ref, scale_ref = r
+    codes = plgpu.load(codes_ref.at[tile], mask=mask, other=0)
+    scale = plgpu.load(scale_ref.at[scale_tile], mask=scale_mask, other=0.0)
+    values = quantization.dequantize_blocks(
+        codes.reshape(block_view), scale, kind == "nonneg")
+    return values.reshape(bm, bn)
+
+  def store_state(r, kind, v):
+    if kind == "plain":
+      plgpu.store(r.at[tile], v.astype(r.dtype), mask=mask)
+      return
+    codes_ref, scale_ref = r
+    # Lanes outside W are zeroed so they do not enter a block's absmax.
+    v = jnp.where(mask, v, 0.0).reshape(block_view)
+    codes, scale = quantization.quantize_blocks(v, kind == "nonneg")
+    plgpu.store(codes_ref.at[tile], codes.reshape(bm, bn).astype(jnp.int8),
+                mask=mask)
+    plgpu.store(scale_ref.at[scale_tile], scale, mask=scale_mask)
+
+  state = tuple(load_state(r, k) for r, k in zip(state_refs, kinds))
+  new_w, new_state = rule.update(grad, w.astype(jnp.float32), state, hp, count)
   index = (rows[:, None] * d_out + cols[None, :]).astype(jnp.uint32)
   new_w = reference.round_weight(
       new_w, w_out_ref.dtype, seed_ref[0] if has_seed else None, count, index)
   plgpu.store(w_out_ref.at[tile], new_w, mask=mask)
-  for r, v in zip(state_out_refs, new_state):
-    plgpu.store(r.at[tile], v.astype(r.dtype), mask=mask)
+  for r, k, v in zip(state_out_refs, kinds, new_state):
+    store_state(r, k, v)
 
 
 def fused_dw_update_triton(
@@ -147,25 +195,40 @@ def fused_dw_update_triton(
   """Runs the kernel; arguments as :func:`pallas_kernels.fused_dw.fused_dw_update`."""
   seeds = () if seed is None else (jnp.reshape(seed, (1,)).astype(jnp.uint32),)
   d_in, d_out = w.shape
+  kinds = tuple("plain" if not isinstance(s, quantization.QuantizedArray)
+                else "nonneg" if s.nonnegative else "signed" for s in state)
+  flat_state = []
+  for s in state:
+    flat_state += ([s.codes, s.scale] if isinstance(s, quantization.QuantizedArray)
+                   else [s])
   # fp32 operands: full fp32 products (no TF32), so fp32 results match the
   # reference to rounding; bf16 operands use the tensor cores as they are.
   precision = (lax.Precision.HIGHEST if x.dtype == jnp.float32
                else lax.Precision.DEFAULT)
   kernel = functools.partial(
       _fused_dw_kernel, rule=rule, config=config, precision=precision,
-      has_seed=bool(seeds))
+      has_seed=bool(seeds), kinds=kinds)
   num_tiles = pl.cdiv(d_in, config.block_m) * pl.cdiv(d_out, config.block_n)
-  n_state = len(state)
+  n_flat = len(flat_state)
   out_shape = [jax.ShapeDtypeStruct(w.shape, w.dtype)] + [
-      jax.ShapeDtypeStruct(s.shape, s.dtype) for s in state]
+      jax.ShapeDtypeStruct(s.shape, s.dtype) for s in flat_state]
   outs = pl.pallas_call(
       kernel,
       out_shape=out_shape,
       grid=(num_tiles,),
-      input_output_aliases={3 + len(seeds) + i: i for i in range(1 + n_state)},
+      input_output_aliases={3 + len(seeds) + i: i for i in range(1 + n_flat)},
       compiler_params=plgpu.CompilerParams(
           num_warps=config.num_warps, num_stages=config.num_stages),
       interpret=interpret,
       name=f"forge_fused_dw_{rule.name}",
-  )(x, dy, hparams, *seeds, w, *state)
-  return outs[0], tuple(outs[1:])
+  )(x, dy, hparams, *seeds, w, *flat_state)
+  new_state, i = [], 1
+  for s in state:
+    if isinstance(s, quantization.QuantizedArray):
+      new_state.append(quantization.QuantizedArray(
+          outs[i], outs[i + 1], s.nonnegative))
+      i += 2
+    else:
+      new_state.append(outs[i])
+      i += 1
+  return outs[0], tuple(new_state)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels import precision
+from pallas_kernels import quantization
 
 
 def weight_grad_reference(x: jax.Array, dy: jax.Array) -> jax.Array:
@@ -51,7 +52,8 @@ def fused_dw_update_reference(
   hp, count = rule.unpack(hparams)
   new_w, new_state = rule.update(
       grad, w.astype(jnp.float32),
-      tuple(s.astype(jnp.float32) for s in state), hp, count)
+      tuple(quantization.state_to_f32(s) for s in state), hp, count)
   index = lax.iota(jnp.uint32, w.size).reshape(w.shape)
   return (round_weight(new_w, w.dtype, seed, count, index),
-          tuple(n.astype(s.dtype) for n, s in zip(new_state, state)))
+          tuple(quantization.state_from_f32(n, s)
+                for n, s in zip(new_state, state)))

@@ -1,0 +1,96 @@
+"""train_lm under each precision mode of the fused AdamW, one table.
+
+Runs ``experiments.train_lm`` once per mode (each in its own process, so each
+peak-memory figure is its own), same preset, seed, data and schedule:
+
+* ``fp32``: fp32 projection kernels, fp32 moments;
+* ``bf16+SR``: bf16 projection kernels written back with stochastic rounding;
+* ``bf16 RTN``: bf16 projection kernels rounded to nearest (the failure mode
+  stochastic rounding fixes: updates below half a bf16 ULP are lost);
+* ``int8 moments``: fp32 kernels, AdamW's mu and nu in int8 for every param;
+* ``bf16+SR+int8``: both (the leanest mode).
+
+and prints final validation loss (and its difference to fp32), optimizer-state
+bytes, median step time and peak device memory.
+
+    python -m experiments.precision_modes --preset 60m --steps 500 --out runs/precision
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+MODES = {
+    "fp32": [],
+    "bf16+SR": ["--param-dtype", "bfloat16"],
+    "bf16 RTN": ["--param-dtype", "bfloat16", "--no-stochastic-rounding"],
+    "int8 moments": ["--moment-dtype", "int8"],
+    "bf16+SR+int8": ["--param-dtype", "bfloat16", "--moment-dtype", "int8"],
+}
+GiB = 1024**3
+
+
+def _slug(mode: str) -> str:
+  return "".join(c if c.isalnum() else "_" for c in mode).strip("_")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--preset", default="cpu-tiny")
+  p.add_argument("--steps", type=int, default=None)
+  p.add_argument("--modes", default=",".join(MODES),
+                 help=f"comma-separated, from {list(MODES)}")
+  p.add_argument("--out", default="runs/precision_modes")
+  p.add_argument("--table-only", action="store_true",
+                 help="print the table from existing runs under --out")
+  p.add_argument("extra", nargs=argparse.REMAINDER,
+                 help="after --, more train_lm flags for every run")
+  a = p.parse_args(argv)
+  modes = a.modes.split(",")
+  for m in modes:
+    if m not in MODES:
+      raise SystemExit(f"--modes: {m!r} is not one of {list(MODES)}")
+  extra = [x for x in a.extra if x != "--"]
+  results = {}
+  for mode in modes:
+    out = os.path.join(a.out, _slug(mode))
+    if not a.table_only:
+      cmd = [sys.executable, "-m", "experiments.train_lm", "--preset", a.preset,
+             "--out", out, *MODES[mode], *extra]
+      if a.steps is not None:
+        cmd += ["--steps", str(a.steps)]
+      print("$", " ".join(cmd), file=sys.stderr, flush=True)
+      subprocess.run(cmd, check=True)
+    with open(os.path.join(out, "metrics.json")) as f:
+      results[mode] = json.load(f)
+
+  base = results.get("fp32")
+  first = next(iter(results.values()))
+  print(f"\n{first['config']['preset']}: {first['num_params'] / 1e6:.1f}M params, "
+        f"{first['config']['steps']} steps of {first['config']['batch_size']}x"
+        f"{first['config']['seq_len']} tokens, {first['device']}, jax {first['jax']}")
+  print("| mode | final val loss | Δ vs fp32 | optimizer state MiB | "
+        "median step ms | peak GiB |")
+  print("|---|---|---|---|---|---|")
+  rows = []
+  for mode, m in results.items():
+    s = m["summary"]
+    d = (s["final_val_loss"] - base["summary"]["final_val_loss"]) if base else float("nan")
+    rows.append(dict(mode=mode, final_val_loss=s["final_val_loss"], delta=d,
+                     state_bytes=m["optimizer_state_bytes"],
+                     step_ms=1e3 * s["median_step_s"], peak_bytes=s["peak_bytes"]))
+    peak = f"{s['peak_bytes'] / GiB:.2f}" if s["peak_bytes"] else "n/a"
+    print(f"| {mode} | {s['final_val_loss']:.4f} | {d:+.4f} | "
+          f"{m['optimizer_state_bytes'] / 2**20:.1f} | {1e3 * s['median_step_s']:.1f} | "
+          f"{peak} |")
+  with open(os.path.join(a.out, "precision_modes.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+  return rows
+
+
+if __name__ == "__main__":
+  main()

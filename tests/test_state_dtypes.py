@@ -1,0 +1,369 @@
+"""Optimizer state stored as bf16 or int8 (absmax blocks of 64): the quantizer,
+the kernel against its reference, fused against unfused, checkpoints."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import ON_GPU
+from conftest import rel_err
+import forge_jax as fj
+from forge_jax.rules import ALL_RULES
+from pallas_kernels import quantization as q
+from pallas_kernels.fused_dw import FusedDWConfig
+from pallas_kernels.fused_dw import fused_dw_update
+from pallas_kernels.fused_dw import fused_dw_update_reference
+
+BACKENDS = [("triton", True)] + ([("triton", False)] if ON_GPU else [])
+
+
+# ---------------------------------------------------------------------------
+# The quantizer.
+
+
+def _step(qa):
+  """Per-element size of one code step, broadcast to the array's shape."""
+  nb = q.num_blocks(qa.shape[-1])
+  s = np.repeat(np.asarray(qa.scale).reshape(qa.shape[:-1] + (nb,)),
+                q.BLOCK_SIZE, axis=-1)[..., :qa.shape[-1]]
+  return s
+
+
+@pytest.mark.parametrize("shape", [(3, 130), (64,), (1,), (2, 3, 65), (5, 1)])
+def test_signed_round_trip_is_within_half_a_step(rng, shape):
+  x = rng.standard_normal(shape).astype(np.float32) * np.exp(rng.standard_normal(shape))
+  qa = q.quantize(x)
+  assert qa.codes.dtype == jnp.int8 and qa.codes.shape == shape
+  assert qa.scale.dtype == jnp.float32 and qa.scale.shape == q.scale_shape(shape)
+  err = np.abs(np.asarray(q.dequantize(qa)) - x)
+  assert np.all(err <= 0.5 * _step(qa) * (1 + 1e-5) + 1e-30)
+  # The absmax of each block is represented (code ±127) up to rounding.
+  assert int(np.max(np.abs(np.asarray(qa.codes, np.int32)))) == 127
+
+
+@pytest.mark.parametrize("shape", [(3, 130), (64,), (2, 3, 65)])
+def test_nonnegative_code_keeps_small_values_and_never_decodes_positive_to_zero(rng, shape):
+  x = (rng.standard_normal(shape).astype(np.float32) ** 2) * np.float32(1e-3)
+  x.reshape(-1)[:: 7] *= np.float32(1e-6)  # values 1e-6 of their neighbours'
+  qa = q.quantize(x, nonnegative=True)
+  back = np.asarray(q.dequantize(qa))
+  assert np.all(back[x > 0] > 0)
+  # In the square-root domain the error is at most half a step ...
+  err = np.abs(np.sqrt(back) - np.sqrt(x))
+  tiny = np.sqrt(x) < _step(qa)  # ... except that positive codes are >= 1
+  assert np.all(err[~tiny] <= 0.5 * _step(qa)[~tiny] * (1 + 1e-5))
+  assert np.all(np.sqrt(back[tiny]) <= _step(qa)[tiny] * (1 + 1e-5))
+  # Relative to its block's maximum, 1e-2 keeps 5%, 1e-4 a factor below 2.
+  y = np.zeros(64, np.float32)
+  y[0], y[1], y[2] = 1.0, 1e-4, 1e-2
+  yb = np.asarray(q.dequantize(q.quantize(y, nonnegative=True)))
+  assert 0.5 < yb[1] / 1e-4 < 2 and abs(yb[2] / 1e-2 - 1) < 0.05 and yb[3] == 0
+  # The signed linear code would have lost it.
+  assert float(q.dequantize(q.quantize(y))[1]) == 0.0
+
+
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_all_zero_block_has_scale_zero_and_no_nan(nonnegative):
+  x = np.zeros((2, 130), np.float32)
+  x[1, 70] = 3.0  # only the second row's second block is non-zero
+  qa = q.quantize(x, nonnegative)
+  scale = np.asarray(qa.scale)
+  assert scale[0].tolist() == [0, 0, 0] and scale[1, 0] == 0 and scale[1, 2] == 0
+  back = np.asarray(q.dequantize(qa))
+  assert np.all(np.isfinite(back))
+  np.testing.assert_allclose(back, x, rtol=1e-6)
+
+
+def test_blocks_do_not_cross_rows(rng):
+  x = rng.standard_normal((4, 100)).astype(np.float32)
+  y = x.copy()
+  y[2] *= 1000
+  a, b = q.quantize(x), q.quantize(y)
+  rows = [0, 1, 3]
+  np.testing.assert_array_equal(np.asarray(a.codes)[rows], np.asarray(b.codes)[rows])
+  np.testing.assert_array_equal(np.asarray(a.scale)[rows], np.asarray(b.scale)[rows])
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0)])
+def test_degenerate_shapes(shape):
+  x = np.full(shape, -2.5, np.float32)
+  qa = q.quantize(x)
+  assert qa.codes.shape == shape and qa.scale.shape == q.scale_shape(shape)
+  np.testing.assert_allclose(np.asarray(q.dequantize(qa)), x, rtol=1e-6)
+
+
+def test_state_dtype_is_validated():
+  with pytest.raises(ValueError, match="mu_dtype=.*float16.* must be one of"):
+    fj.adamw(1e-3, mu_dtype=jnp.float16)
+  with pytest.raises(ValueError, match="nu_dtype='int4' must be one of"):
+    fj.scale_by_adamw(nu_dtype="int4")
+  with pytest.raises(ValueError, match="accumulator_dtype needs a momentum"):
+    fj.sgd(0.1, accumulator_dtype=jnp.int8)
+
+
+def test_int8_state_bytes_are_a_quarter_and_a_bit():
+  params = {"w": jnp.zeros((256, 512)), "b": jnp.zeros((512,))}
+  n = 256 * 512 + 512
+
+  def nbytes(tx):
+    return sum(x.nbytes for x in jax.tree.leaves(tx.init(params)))
+
+  f32 = nbytes(fj.adamw(1e-3))
+  bf16 = nbytes(fj.adamw(1e-3, mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16))
+  int8 = nbytes(fj.adamw(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8))
+  assert f32 == 2 * 4 * n + 4  # + the int32 count
+  assert bf16 == 2 * 2 * n + 4
+  assert int8 == 2 * (n + 4 * n // 64) + 4  # codes + one fp32 scale per 64
+
+
+# ---------------------------------------------------------------------------
+# The kernel against its reference.
+
+_RAW = {"learning_rate": 0.01, "b1": 0.9, "b2": 0.9, "eps": 1e-8, "threshold": 5.0,
+        "weight_decay": 0.05, "decay": 0.9, "momentum": 0.9}
+
+
+def _state(rng, rule, shape, dtypes):
+  out = []
+  for name, d in zip(rule.state_names, dtypes):
+    v = rng.standard_normal(shape).astype(np.float32) * 0.1
+    if name in rule.nonnegative_states:
+      v = v * v
+    if d == jnp.int8:
+      out.append(q.quantize(v, name in rule.nonnegative_states))
+    else:
+      out.append(jnp.asarray(v, d))
+  return tuple(out)
+
+
+def _assert_states_close(got, want, rtol):
+  for g, w in zip(got, want):
+    if isinstance(w, q.QuantizedArray):
+      assert g.nonnegative == w.nonnegative
+      gv, wv = np.asarray(q.dequantize(g)), np.asarray(q.dequantize(w))
+      # A code may differ by one where rounding of the fp32 gradient tips it.
+      step = np.maximum(_step(w), _step(g))
+      if w.nonnegative:
+        gv, wv = np.sqrt(gv), np.sqrt(wv)
+      assert np.all(np.abs(gv - wv) <= step * 1.001 + 1e-30)
+      assert np.mean(np.asarray(g.codes) != np.asarray(w.codes)) < 0.01
+      assert rel_err(g.scale, w.scale) < rtol
+    else:
+      assert g.dtype == w.dtype
+      assert rel_err(g.astype(jnp.float32), w.astype(jnp.float32)) < rtol
+
+
+@pytest.mark.parametrize("impl,interpret", BACKENDS)
+@pytest.mark.parametrize("rule", [r for r in ALL_RULES if r.state_names],
+                         ids=lambda r: r.name)
+@pytest.mark.parametrize("t,d_in,d_out", [(45, 37, 130), (1, 3, 1), (70, 64, 64)])
+def test_kernel_with_int8_state_matches_reference(rng, rule, t, d_in, d_out, impl,
+                                                  interpret):
+  x = jnp.asarray(rng.standard_normal((t, d_in)), jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((t, d_out)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.float32)
+  state = _state(rng, rule, (d_in, d_out), [jnp.int8] * len(rule.state_names))
+  hp = rule.pack({n: _RAW[n] for n in rule.hyperparam_names}, 7)
+  want_w, want_state = fused_dw_update_reference(x, dy, w, state, hp, rule=rule)
+  got_w, got_state = fused_dw_update(
+      x, dy, w, state, hp, rule=rule, implementation=impl, interpret=interpret,
+      config=FusedDWConfig(16, 64, 16, 2, 4, 1) if interpret else None)
+  assert rel_err(got_w, want_w) < 1e-5
+  _assert_states_close(got_state, want_state, 1e-5)
+
+
+@pytest.mark.parametrize("impl,interpret", BACKENDS)
+def test_kernel_with_mixed_state_dtypes_and_bf16_weights(rng, impl, interpret):
+  rule = fj.rules.ADAMW
+  t, d_in, d_out = 33, 50, 200
+  x = jnp.asarray(rng.standard_normal((t, d_in)), jnp.bfloat16)
+  dy = jnp.asarray(rng.standard_normal((t, d_out)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.bfloat16)
+  for dtypes in [(jnp.bfloat16, jnp.int8), (jnp.int8, jnp.float32),
+                 (jnp.bfloat16, jnp.bfloat16)]:
+    state = _state(rng, rule, (d_in, d_out), dtypes)
+    hp = rule.pack({n: _RAW[n] for n in rule.hyperparam_names}, 3)
+    seed = jnp.uint32(99)
+    want_w, want_state = fused_dw_update_reference(x, dy, w, state, hp, rule=rule,
+                                                   seed=seed)
+    got_w, got_state = fused_dw_update(x, dy, w, state, hp, rule=rule,
+                                       implementation=impl, interpret=interpret,
+                                       seed=seed)
+    assert got_w.dtype == jnp.bfloat16
+    # bf16 weights: equal but for rare one-ULP differences of the rounding.
+    assert np.mean(np.asarray(got_w != want_w)) < 0.01
+    _assert_states_close(got_state, want_state, 1e-2)
+
+
+def test_int8_state_needs_tiles_of_whole_blocks(rng):
+  rule = fj.rules.ADAMW
+  x = jnp.ones((8, 16))
+  w = jnp.ones((16, 128))
+  state = _state(rng, rule, (16, 128), [jnp.int8, jnp.int8])
+  hp = rule.pack({n: _RAW[n] for n in rule.hyperparam_names}, 1)
+  with pytest.raises(ValueError, match="block_n=32 must be a multiple of 64"):
+    fused_dw_update(x, jnp.ones((8, 128)), w, state, hp, rule=rule,
+                    implementation="triton", interpret=True,
+                    config=FusedDWConfig(16, 32, 16))
+  swapped = (q.quantize(np.ones((16, 128), np.float32), nonnegative=True), state[1])
+  with pytest.raises(ValueError, match="'mu' must be quantized with nonnegative=False"):
+    fused_dw_update(x, jnp.ones((8, 128)), w, swapped, hp, rule=rule,
+                    implementation="xla")
+  bad = (q.QuantizedArray(state[0].codes, state[0].scale[:, :1]), state[1])
+  with pytest.raises(ValueError, match="float32 scales of shape"):
+    fused_dw_update(x, jnp.ones((8, 128)), w, bad, hp, rule=rule, implementation="xla")
+  assert FusedDWConfig.default(64, 16, 16, jnp.float32, min_block_n=64).block_n == 64
+
+
+def test_kernel_with_int8_state_lowers_to_triton_with_aliases():
+  from pallas_kernels.fused_dw import kernel_triton
+  rule = fj.rules.ADAMW
+
+  def f(x, dy, w, mc, ms, nc, ns, hp):
+    state = (q.QuantizedArray(mc, ms), q.QuantizedArray(nc, ns, True))
+    return kernel_triton.fused_dw_update_triton(
+        x, dy, w, state, hp, rule=rule, interpret=False,
+        config=FusedDWConfig.default(64, 256, 256, jnp.bfloat16, min_block_n=64))
+
+  sds = jax.ShapeDtypeStruct
+  codes, scales = sds((256, 256), jnp.int8), sds((256, 4), jnp.float32)
+  args = ([sds((64, 256), jnp.bfloat16)] * 2 + [sds((256, 256), jnp.bfloat16)]
+          + [codes, scales] * 2 + [sds((rule.num_hyperparams,), jnp.float32)])
+  text = jax.jit(f, donate_argnums=(2, 3, 4, 5, 6)).trace(*args).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "__gpu$xla.gpu.triton" in text
+  assert text.count("tf.aliasing_output") == 5  # w, 2 codes, 2 scales in place
+
+
+# ---------------------------------------------------------------------------
+# ForgeDense and the fused step with low-precision state.
+
+
+class MLP(nn.Module):
+  optimizer: object = None
+  fused: bool = True
+  param_dtype: object = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    def dense(f, name):
+      if self.fused:
+        return fj.ForgeDense(f, optimizer=self.optimizer, name=name,
+                             param_dtype=self.param_dtype)
+      return nn.Dense(f, name=name, param_dtype=self.param_dtype)
+    return dense(7, "fc2")(nn.tanh(dense(70, "fc1")(x)))
+
+
+LR = optax.linear_schedule(3e-2, 3e-3, 8)
+LOW_PRECISION = {
+    "adamw_int8": lambda: fj.adamw(LR, weight_decay=0.1, mu_dtype=jnp.int8,
+                                   nu_dtype=jnp.int8),
+    "adamw_bf16": lambda: fj.adamw(LR, mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16),
+    "nadamw_int8_nu": lambda: fj.nadamw(LR, nu_dtype=jnp.int8),
+    "radam_int8": lambda: fj.radam(LR, b2=0.9, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
+    "lion_int8": lambda: fj.lion(LR, mu_dtype=jnp.int8),
+    "rmsprop_int8": lambda: fj.rmsprop(LR, nu_dtype=jnp.int8),
+    "adagrad_int8": lambda: fj.adagrad(LR, sum_of_squares_dtype=jnp.int8),
+    "sgd_momentum_int8": lambda: fj.sgd(LR, momentum=0.9, accumulator_dtype=jnp.int8),
+}
+
+
+@pytest.mark.parametrize("implementation,interpret", [("xla", False), ("triton", True)])
+@pytest.mark.parametrize("name", sorted(LOW_PRECISION))
+def test_fused_matches_unfused_with_low_precision_state(rng, name, implementation,
+                                                        interpret):
+  make = LOW_PRECISION[name]
+  x = jnp.asarray(rng.standard_normal((3, 11, 13)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((3, 11, 7)), jnp.float32)
+  fused, plain = MLP(make()), MLP(fused=False)
+  v = fused.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=fused.apply, variables=jax.tree.map(jnp.copy, v),
+                               tx=make())
+  step = fj.make_train_step(
+      lambda vv, b: jnp.mean((fused.apply(vv, b[0]) - b[1]) ** 2),
+      implementation=implementation, interpret=interpret)
+  tx = make()
+  params = jax.tree.map(jnp.copy, v["params"])
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def plain_step(params, opt_state):
+    g = jax.grad(lambda p: jnp.mean((plain.apply({"params": p}, x) - y) ** 2))(params)
+    u, opt_state = tx.update(g, opt_state, params)
+    return optax.apply_updates(params, u), opt_state
+
+  for _ in range(5):
+    state, _ = step(state, (x, y))
+    params, opt_state = plain_step(params, opt_state)
+  for layer in ("fc1", "fc2"):
+    for leaf in ("kernel", "bias"):
+      assert rel_err(state.params[layer][leaf], params[layer][leaf]) <= 1e-5, (layer, leaf)
+  # The fused layers' state is stored as asked (int8 codes, not their view).
+  dtypes = {x.dtype for x in jax.tree.leaves(state.forge_state["fc1"])}
+  assert jnp.dtype(jnp.float8_e4m3fn) not in dtypes
+  assert dtypes & {jnp.dtype(jnp.int8), jnp.dtype(jnp.bfloat16)}
+  assert step._cache_size() == 1
+
+
+def test_state_from_another_configuration_is_refused(rng):
+  x = jnp.ones((2, 5))
+  v = MLP(fj.adamw(1e-2)).init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=None, variables=v, tx=optax.sgd(0.1))
+  m8 = MLP(fj.adamw(1e-2, mu_dtype=jnp.int8))
+  step = fj.make_train_step(lambda vv, b: jnp.sum(m8.apply(vv, b)))
+  with pytest.raises(ValueError, match="mu is stored as float32 but the optimizer's "
+                     "mu_dtype is int8"):
+    step(state, x)
+
+
+@pytest.mark.parametrize("state_dtype", [jnp.bfloat16, jnp.int8])
+def test_resume_with_low_precision_state_is_bit_identical(rng, tmp_path, state_dtype):
+  opt = fj.adamw(1e-2, mu_dtype=state_dtype, nu_dtype=state_dtype)
+  model = MLP(opt, param_dtype=jnp.bfloat16)
+  x = jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v,
+                               tx=fj.adamw(1e-2, mu_dtype=state_dtype,
+                                           nu_dtype=state_dtype), seed=7)
+  template = jax.tree.map(jnp.copy, state)
+  step = fj.make_train_step(lambda vv, b: jnp.mean(model.apply(vv, b) ** 2))
+  for _ in range(3):
+    state, _ = step(state, x)
+  fj.save_checkpoint(tmp_path, state)
+  uninterrupted = state
+  for _ in range(2):
+    uninterrupted, _ = step(uninterrupted, x)
+  restored, _ = fj.restore_checkpoint(tmp_path, template)
+  for _ in range(2):
+    restored, _ = step(restored, x)
+  got, want = jax.tree.leaves(restored), jax.tree.leaves(uninterrupted)
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    assert a.dtype == b.dtype
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_restore_into_another_state_or_param_dtype_is_refused(rng, tmp_path):
+  x = jnp.ones((6, 5))
+
+  def make(state_dtype, param_dtype=jnp.float32):
+    opt = fj.adamw(1e-2, mu_dtype=state_dtype, nu_dtype=state_dtype)
+    v = MLP(opt, param_dtype=param_dtype).init(jax.random.key(0), x)
+    return fj.TrainState.create(apply_fn=None, variables=v, tx=optax.adamw(1e-2))
+
+  fj.save_checkpoint(tmp_path, make(jnp.int8))
+  with pytest.raises(ValueError, match=r"fc1.*mu.*missing from the checkpoint|"
+                     r"not in the target.*codes"):
+    fj.restore_checkpoint(tmp_path, make(jnp.float32))
+  fj.save_checkpoint(tmp_path / "b", make(jnp.bfloat16))
+  with pytest.raises(ValueError, match=r"checkpoint has bfloat16\[5, 70\], target "
+                     r"wants float32\[5, 70\]"):
+    fj.restore_checkpoint(tmp_path / "b", make(jnp.float32))
+  with pytest.raises(ValueError, match=r"'kernel'\]: checkpoint has float32\[5, 70\], "
+                     r"target wants bfloat16\[5, 70\]"):
+    fj.restore_checkpoint(tmp_path / "b", make(jnp.bfloat16, jnp.bfloat16))
+  restored, _ = fj.restore_checkpoint(tmp_path, make(jnp.int8))
+  assert restored.forge_state["fc1"]["mu"].codes.dtype == jnp.int8
