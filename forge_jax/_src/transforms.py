@@ -198,9 +198,17 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _cast_to_param_dtype() -> optax.GradientTransformation:
+def cast_to_param_dtype() -> optax.GradientTransformation:
+  """Casts each update to its param's dtype (a no-op without params).
+
+  Ends our aliases so that an fp32 learning rate (``inject_hyperparams``)
+  does not turn bf16 params' updates into fp32 ones.
+  """
   def update_fn(updates, state, params=None):
-    return jax.tree.map(lambda u, p: u.astype(p.dtype), updates, params), state
+    if params is None:
+      return updates, state
+    return jax.tree.map(lambda u, p: u.astype(jnp.result_type(p)),
+                        updates, params), state
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
@@ -220,7 +228,7 @@ def _alias(rule, learning_rate, hp, state_cls, state_init=None,
       _scale_by_rule(rule, hp, state_cls, state_init, out_dtype=jnp.float32,
                      state_dtypes=state_dtypes),
       optax.scale_by_learning_rate(learning_rate),
-      _cast_to_param_dtype())
+      cast_to_param_dtype())
   return ForgeTransformation.create(tx, rule, full, state_init, state_dtypes)
 
 

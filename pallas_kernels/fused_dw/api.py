@@ -19,18 +19,30 @@ _OPERAND_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 def resolve_implementation(implementation: str | None) -> str:
-  """``None`` -> ``'triton'`` on a GPU backend, else ``'xla'``.
+  """``None`` -> ``'triton'`` when computations go to a GPU, else ``'xla'``.
+
+  "Go to a GPU": the device set by ``jax.default_device(...)`` if any (so a
+  block under ``jax.default_device(jax.devices('cpu')[0])`` on a GPU machine
+  uses the reference), else the default backend.
 
   Raises:
     ValueError: for a name other than ``'xla'``, ``'triton'`` or ``None``.
   """
   if implementation is None:
-    return "triton" if jax.default_backend() == "gpu" else "xla"
+    return "triton" if _default_platform() == "gpu" else "xla"
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation={implementation!r} must be one of "
         f"{IMPLEMENTATIONS} or None")
   return implementation
+
+
+def _default_platform() -> str:
+  device = jax.config.jax_default_device
+  if device is None:
+    return jax.default_backend()
+  platform = device if isinstance(device, str) else device.platform
+  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
 
 
 def _check_args(x, dy, w, state, hparams, rule, seed):

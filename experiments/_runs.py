@@ -1,0 +1,51 @@
+"""Runs ``experiments.train_lm`` once per variant, each in its own process.
+
+One process per run keeps each run's ``peak_bytes_in_use`` its own and lets a
+crashed variant fail loudly without taking the others' numbers with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def slug(name: str) -> str:
+  """A directory name for a variant."""
+  return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def run_variants(variants: dict[str, list[str]], *, out: str, common: list[str],
+                 table_only: bool = False) -> dict[str, dict]:
+  """Trains every variant (``train_lm`` flags) and returns its metrics.json.
+
+  Args:
+    variants: name -> train_lm flags of that variant.
+    out: root directory; each variant writes to ``out/<slug(name)>``.
+    common: train_lm flags for every variant (preset, steps, corpus...).
+    table_only: do not train; read the metrics of earlier runs.
+
+  Raises:
+    subprocess.CalledProcessError: if a run fails.
+  """
+  results = {}
+  for name, flags in variants.items():
+    run_dir = os.path.join(out, slug(name))
+    if not table_only:
+      cmd = [sys.executable, "-m", "experiments.train_lm", "--out", run_dir,
+             *common, *flags]
+      print("$", " ".join(cmd), file=sys.stderr, flush=True)
+      subprocess.run(cmd, check=True)
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+      results[name] = json.load(f)
+  return results
+
+
+def describe(metrics: dict) -> str:
+  c = metrics["config"]
+  return (f"{c['preset']}: {metrics['num_params'] / 1e6:.1f}M params, {c['corpus']} "
+          f"({metrics['train_tokens']:,} train / {metrics['val_tokens']:,} val tokens), "
+          f"{c['steps']} steps of {c['batch_size']}x{c['seq_len']} tokens, "
+          f"{metrics['device']}, jax {metrics['jax']}")

@@ -1,0 +1,109 @@
+"""Pretrain the same Llama-style model with several optimizers, one table.
+
+The optimizers a JAX user would otherwise pick, against FOAM's fold_adam
+(``train_lm --optimizer`` names; each in its own process):
+
+* ``adamw``: ``optax.adamw`` (the baseline);
+* ``fold-adam l=2/3/4``: FOAM's recipe (``forge_jax.hybrid_fold_adam``):
+  fold_adam on the attention and MLP matrices with scale α, AdamW on
+  embeddings and norms;
+* ``fold-adam l=3, no residual``: the ablation without R;
+* ``adafactor``: ``optax.adafactor``;
+* ``muon``: ``optax.contrib.muon`` on the matrices, AdamW elsewhere.
+
+Same model, data order, schedule and token budget. Prints final validation
+loss and perplexity, optimizer-state bytes (and the saving against AdamW),
+median step time, and plots the validation curves (``val_curves.png``).
+
+    python -m experiments.compare_optimizers --preset 60m --steps 1000 \\
+        --out runs/compare -- --corpus mixed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+from experiments import _runs
+
+OPTIMIZERS = {
+    "adamw": ["--optimizer", "optax-adamw"],
+    "fold-adam l=2": ["--optimizer", "fold-adam", "--fold-level", "2"],
+    "fold-adam l=3": ["--optimizer", "fold-adam", "--fold-level", "3"],
+    "fold-adam l=4": ["--optimizer", "fold-adam", "--fold-level", "4"],
+    "fold-adam l=3, no residual": ["--optimizer", "fold-adam-noresidual",
+                                   "--fold-level", "3"],
+    "adafactor": ["--optimizer", "adafactor"],
+    "muon": ["--optimizer", "muon"],
+}
+
+
+def _plot(results: dict[str, dict], path: str, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for name, m in results.items():
+    val = [r for r in m["records"] if "val_loss" in r]
+    ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "-", lw=1.5,
+            label=name)
+  ax.set_xlabel("step")
+  ax.set_ylabel("validation cross-entropy (nats/token)")
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--preset", default="cpu-tiny")
+  p.add_argument("--steps", type=int, default=None)
+  p.add_argument("--optimizers", default="|".join(OPTIMIZERS),
+                 help=f"'|'-separated, from {list(OPTIMIZERS)}")
+  p.add_argument("--out", default="runs/compare_optimizers")
+  p.add_argument("--table-only", action="store_true")
+  p.add_argument("extra", nargs=argparse.REMAINDER,
+                 help="after --, more train_lm flags for every run (e.g. --corpus)")
+  a = p.parse_args(argv)
+  names = a.optimizers.split("|")
+  for n in names:
+    if n not in OPTIMIZERS:
+      raise SystemExit(f"--optimizers: {n!r} is not one of {list(OPTIMIZERS)}")
+  common = ["--preset", a.preset, *[x for x in a.extra if x != "--"]]
+  if a.steps is not None:
+    common += ["--steps", str(a.steps)]
+  results = _runs.run_variants({n: OPTIMIZERS[n] for n in names}, out=a.out,
+                               common=common, table_only=a.table_only)
+  header = _runs.describe(next(iter(results.values())))
+  base = results.get("adamw")
+  print("\n" + header)
+  print("| optimizer | final val loss | val perplexity | Δ vs adamw (nats) | "
+        "optimizer state MiB | state vs adamw | median step ms |")
+  print("|---|---|---|---|---|---|---|")
+  rows = []
+  for name, m in results.items():
+    s = m["summary"]
+    state = m["optimizer_state_bytes"]
+    d = s["final_val_loss"] - base["summary"]["final_val_loss"] if base else math.nan
+    ratio = state / base["optimizer_state_bytes"] if base else math.nan
+    rows.append(dict(optimizer=name, final_val_loss=s["final_val_loss"],
+                     perplexity=math.exp(s["final_val_loss"]), delta=d,
+                     state_bytes=state, state_ratio=ratio,
+                     step_ms=1e3 * s["median_step_s"]))
+    print(f"| {name} | {s['final_val_loss']:.4f} | {math.exp(s['final_val_loss']):.2f} | "
+          f"{d:+.4f} | {state / 2**20:.1f} | {100 * ratio:.1f}% | "
+          f"{1e3 * s['median_step_s']:.1f} |")
+  os.makedirs(a.out, exist_ok=True)
+  _plot(results, os.path.join(a.out, "val_curves.png"), header)
+  with open(os.path.join(a.out, "compare_optimizers.json"), "w") as f:
+    json.dump({"setup": header, "rows": rows}, f, indent=1)
+  return rows
+
+
+if __name__ == "__main__":
+  main()

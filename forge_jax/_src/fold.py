@@ -1,0 +1,391 @@
+"""FOAM: Adam with folded moments (Wen et al., 2026, arXiv 2512.07112).
+
+Fold level ``l``: the last axis of a parameter (length n) is split into
+blocks of ``B = 2**l`` consecutive elements. The fold operator A replaces each
+block by its mean (n -> ceil(n / B)); the unfold operator E repeats each entry
+over its block. FOAM keeps Adam's moments folded,
+
+    M̃ <- b1 M̃ + (1 - b1) A(G),      Ṽ <- b2 Ṽ + (1 - b2) A(G²),
+
+recomputes the residual R = G - E(A(G)) every step (never stored), and steps
+with the reconstructed moments
+
+    M = E(M̃) + R,   V = E(Ṽ) + R²,
+    update = scale * (M / (1 - b1^t)) / (sqrt(V / (1 - b2^t)) + eps),
+
+followed, in :func:`fold_adam`, by decoupled weight decay and the learning
+rate. The state is 2 / 2**l of Adam's for the folded leaves.
+
+Readings of Ṽ (``nu_mode``): ``'mean_of_squares'`` (default) folds the squared
+gradient, A(G²), as the authors' code does; ``'square_of_mean'`` folds the
+gradient first, A(G)², as some read the paper. For a gradient constant inside
+every block the two agree and R = 0, so both equal Adam.
+
+Which leaves are folded: every leaf with at least 2 dimensions and a
+non-empty last axis. A last axis that is not a multiple of ``2**l`` ends in a
+partial block whose mean is taken over its real elements only (as if padded,
+without the padding diluting the mean). 0-d and 1-d leaves (biases, norm
+scales) and zero-size leaves get plain Adam (their moments are full size).
+
+The per-block arithmetic is :func:`fold_adam_blocks`, written on
+(..., blocks, B) arrays so that the same definition can run on a whole array
+or on one tile of a fused kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from forge_jax._src import transforms
+from pallas_kernels import quantization
+
+NU_MODES = ("mean_of_squares", "square_of_mean")
+ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
+
+
+class FoldAdamState(NamedTuple):
+  """State of :func:`scale_by_fold_adam`.
+
+  Attributes:
+    count: int32 (), number of updates so far.
+    mu: folded first moment M̃ per leaf: for a folded leaf of shape
+      (..., n), shape (..., ceil(n / 2**fold_level)); for an unfolded leaf
+      (0-d, 1-d, empty) the leaf's shape. Stored as ``mu_dtype``: float32,
+      bfloat16, or int8 (a ``QuantizedArray``: absmax blocks of 64 along the
+      folded last axis).
+    nu: folded second moment Ṽ, shaped and stored like ``mu`` (``nu_dtype``;
+      int8 through its square root).
+  """
+
+  count: jax.Array
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def is_folded(shape: tuple[int, ...]) -> bool:
+  """Whether a leaf of ``shape`` is folded (>= 2-D with a non-empty last axis)."""
+  return len(shape) >= 2 and math.prod(shape) > 0
+
+
+def folded_shape(shape: tuple[int, ...], fold_level: int) -> tuple[int, ...]:
+  """Shape of the folded moments of a leaf of ``shape``."""
+  shape = tuple(shape)
+  if not is_folded(shape):
+    return shape
+  block = 2**fold_level
+  return shape[:-1] + (-(-shape[-1] // block),)
+
+
+def _blocks(x: jax.Array, block: int) -> jax.Array:
+  """(..., n) -> (..., ceil(n / block), block), zero-padded."""
+  n = x.shape[-1]
+  pad = -(-n // block) * block - n
+  if pad:
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+  return x.reshape(x.shape[:-1] + (-1, block))
+
+
+def _inv_counts(n: int, block: int) -> jax.Array:
+  """1 / (real elements) per block of a row of n: (nb,) float32."""
+  nb = -(-n // block)
+  counts = [block] * (nb - 1) + [n - block * (nb - 1)]
+  return 1.0 / jnp.asarray(counts, jnp.float32)
+
+
+def fold(x: jax.Array, fold_level: int) -> jax.Array:
+  """A: block means over the last axis (partial last block: its own mean)."""
+  block = 2**fold_level
+  n = x.shape[-1]
+  return jnp.sum(_blocks(x, block), axis=-1) * _inv_counts(n, block)
+
+
+def unfold(y: jax.Array, fold_level: int, n: int) -> jax.Array:
+  """E: each folded entry repeated over its block, cut to length ``n``."""
+  block = 2**fold_level
+  return jnp.repeat(y, block, axis=-1)[..., :n]
+
+
+def bias_corrections(b1, b2, count):
+  """(1 - b1^t, 1 - b2^t) in fp32, evaluated as ``optax.scale_by_adam`` does."""
+  return _bias_correction(b1, count), _bias_correction(b2, count)
+
+
+@functools.partial(jax.jit, inline=True)
+def _bias_correction(decay, count):
+  return (1 - decay**count).astype(jnp.float32)
+
+
+def fold_adam_blocks(gb, inv_count, mask, mu, nu, hp, *,
+                     nu_mode: str = "mean_of_squares", residual: bool = True):
+  """FOAM's step on blocks: returns ``(direction_blocks, new_mu, new_nu)``.
+
+  Args:
+    gb: fp32 gradient blocks (..., nb, B); padding lanes must be 0.
+    inv_count: (nb,) or broadcastable: 1 / number of real elements per block.
+    mask: bool (..., nb, B) of real lanes, or None when every lane is real.
+    mu, nu: fp32 folded moments (..., nb).
+    hp: mapping with scalars ``b1``, ``b2``, ``eps``, ``eps_root``,
+      ``scale`` and the bias corrections ``bc1`` = 1 - b1^t, ``bc2`` = 1 - b2^t
+      (:func:`bias_corrections`).
+    nu_mode: ``'mean_of_squares'`` (A(G²)) or ``'square_of_mean'`` (A(G)²).
+    residual: add the residual R (False: the ablation without it).
+
+  The arithmetic mirrors ``optax.scale_by_adam`` (so that fold level 0, or a
+  blockwise-constant gradient, gives Adam's numbers bit for bit).
+  """
+  b1, b2 = hp["b1"], hp["b2"]
+  a = jnp.sum(gb, axis=-1) * inv_count
+  if nu_mode == "mean_of_squares":
+    a2 = jnp.sum(gb * gb, axis=-1) * inv_count
+  else:
+    a2 = a * a
+  mu = (1 - b1) * a + b1 * mu
+  nu = (1 - b2) * a2 + b2 * nu
+  m = jnp.broadcast_to(mu[..., None], gb.shape)
+  v = jnp.broadcast_to(nu[..., None], gb.shape)
+  if residual:
+    r = gb - a[..., None]
+    if mask is not None:
+      r = jnp.where(mask, r, 0.0)
+    m = m + r
+    v = v + r * r
+  m_hat = m / hp["bc1"]
+  v_hat = v / hp["bc2"]
+  direction = m_hat / (jnp.sqrt(v_hat + hp["eps_root"]) + hp["eps"])
+  return hp["scale"] * direction, mu, nu
+
+
+def _check(name: str, value, low: float, high: float) -> None:
+  if isinstance(value, jax.core.Tracer) or callable(value):
+    return
+  try:
+    v = float(value)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{name}={value!r} must be a real number") from e
+  if not low <= v < high:
+    raise ValueError(f"{name}={v} must be in [{low}, {high})")
+
+
+def scale_by_fold_adam(
+    fold_level: int = 2,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    scale: float = 1.0,
+    *,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
+    nu_mode: str = "mean_of_squares",
+    residual: bool = True,
+) -> optax.GradientTransformation:
+  r"""FOAM's direction: Adam with moments folded over blocks of ``2**fold_level``.
+
+  See the module docstring for the algorithm and which leaves are folded.
+
+  Args:
+    fold_level: l >= 0; blocks of 2**l elements of the last axis (0 is Adam).
+    b1, b2, eps, eps_root: as ``optax.scale_by_adam``.
+    scale: α, multiplies the direction (the paper's per-group scale).
+    mu_dtype, nu_dtype: storage of the folded moments: None/float32,
+      bfloat16 or int8 (absmax blocks of 64 along the folded axis, ``nu``
+      through its square root; see ``pallas_kernels.quantization``).
+    nu_mode: ``'mean_of_squares'`` (A(G²), the authors' code) or
+      ``'square_of_mean'`` (A(G)²).
+    residual: False drops R (the ablation; moments then fully folded).
+
+  Returns:
+    An ``optax.GradientTransformation`` with state :class:`FoldAdamState`;
+    updates have each gradient's dtype (computed in fp32).
+
+  Raises:
+    ValueError: for a negative or non-integer fold_level, b1/b2 outside
+      [0, 1), negative eps/eps_root, an unknown nu_mode or state dtype.
+
+  References:
+    Wen et al., FOAM: Blocked State Folding for Memory-Efficient LLM
+    Training, https://arxiv.org/abs/2512.07112
+  """
+  if (isinstance(fold_level, bool) or not isinstance(fold_level, int)
+      or not 0 <= fold_level <= 16):
+    raise ValueError(f"fold_level={fold_level!r} must be an int in [0, 16]")
+  _check("b1", b1, 0.0, 1.0)
+  _check("b2", b2, 0.0, 1.0)
+  _check("eps", eps, 0.0, float("inf"))
+  _check("eps_root", eps_root, 0.0, float("inf"))
+  if nu_mode not in NU_MODES:
+    raise ValueError(f"nu_mode={nu_mode!r} must be one of {NU_MODES}")
+  mu_dtype = quantization.state_dtype("mu_dtype", mu_dtype)
+  nu_dtype = quantization.state_dtype("nu_dtype", nu_dtype)
+  block = 2**fold_level
+
+  def init_fn(params):
+    def moment(p, dtype, nonneg):
+      shape = folded_shape(jnp.shape(p), fold_level)
+      return quantization.full_state(shape, 0.0, dtype, nonneg)
+    return FoldAdamState(
+        count=jnp.zeros([], jnp.int32),
+        mu=jax.tree.map(lambda p: moment(p, mu_dtype, False), params),
+        nu=jax.tree.map(lambda p: moment(p, nu_dtype, True), params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    count = optax.safe_increment(state.count)
+    bc1, bc2 = bias_corrections(b1, b2, count)
+    hp = {"b1": b1, "b2": b2, "eps": eps, "eps_root": eps_root, "scale": scale,
+          "bc1": bc1, "bc2": bc2}
+    treedef = jax.tree.structure(updates)
+    mus = treedef.flatten_up_to(state.mu)
+    nus = treedef.flatten_up_to(state.nu)
+    out_u, out_mu, out_nu = [], [], []
+    for g, mu_s, nu_s in zip(jax.tree.leaves(updates), mus, nus):
+      mu = quantization.state_to_f32(mu_s)
+      nu = quantization.state_to_f32(nu_s)
+      g32 = jnp.asarray(g).astype(jnp.float32)
+      if is_folded(g32.shape):
+        n = g32.shape[-1]
+        gb = _blocks(g32, block)
+        mask = None
+        if n % block:
+          lane = jnp.arange(gb.shape[-2] * block).reshape(gb.shape[-2:])
+          mask = lane < n
+        d, mu, nu = fold_adam_blocks(
+            gb, _inv_counts(n, block), mask, mu, nu, hp,
+            nu_mode=nu_mode, residual=residual)
+        d = d.reshape(g32.shape[:-1] + (-1,))[..., :n]
+      else:  # plain Adam: blocks of one element
+        d, mu, nu = fold_adam_blocks(
+            g32[..., None], 1.0, None, mu, nu, hp,
+            nu_mode=nu_mode, residual=residual)
+        d = d[..., 0]
+      out_u.append(d.astype(jnp.result_type(g)))
+      out_mu.append(quantization.state_from_f32(mu, mu_s))
+      out_nu.append(quantization.state_from_f32(nu, nu_s))
+    unflat = lambda xs: jax.tree.unflatten(treedef, xs)  # noqa: E731
+    return unflat(out_u), FoldAdamState(count=count, mu=unflat(out_mu),
+                                        nu=unflat(out_nu))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def fold_adam(
+    learning_rate: ScalarOrSchedule,
+    fold_level: int = 2,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    weight_decay: float = 1e-4,
+    scale: float = 1.0,
+    mask: Any = None,
+    *,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
+    nu_mode: str = "mean_of_squares",
+    residual: bool = True,
+) -> optax.GradientTransformation:
+  """FOAM with decoupled weight decay and a learning rate (AdamW's layout).
+
+  ``optax.chain(scale_by_fold_adam(...), optax.add_decayed_weights(
+  weight_decay, mask), optax.scale_by_learning_rate(learning_rate))``, then a
+  cast of each update to its param's dtype (so that bf16 params get bf16
+  updates even with fp32 hyperparameters from ``optax.inject_hyperparams``):
+  with ``fold_level=0`` and ``scale=1`` it is ``optax.adamw``. The step of a
+  parameter p is ``-lr * (scale * FOAM direction + weight_decay * p)``.
+
+  Args:
+    learning_rate: a float or an optax schedule.
+    fold_level, b1, b2, eps, eps_root, scale, mu_dtype, nu_dtype, nu_mode,
+      residual: see :func:`scale_by_fold_adam`.
+    weight_decay: decoupled weight decay.
+    mask: as in ``optax.adamw``: a tree (or a function of params giving one)
+      of bools choosing the leaves that get weight decay.
+
+  Returns:
+    An ``optax.GradientTransformation`` (state: a tuple whose first entry is
+    :class:`FoldAdamState`).
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, forge_jax as fj
+    >>> tx = fj.fold_adam(1e-3, fold_level=3)
+    >>> params = {'w': jnp.ones((16, 64)), 'b': jnp.ones(64)}
+    >>> state = tx.init(params)
+    >>> state[0].mu['w'].shape, state[0].mu['b'].shape
+    ((16, 8), (64,))
+  """
+  _check("weight_decay", weight_decay, 0.0, float("inf"))
+  return optax.chain(
+      scale_by_fold_adam(fold_level, b1, b2, eps, eps_root, scale,
+                         mu_dtype=mu_dtype, nu_dtype=nu_dtype, nu_mode=nu_mode,
+                         residual=residual),
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.scale_by_learning_rate(learning_rate),
+      transforms.cast_to_param_dtype(),
+  )
+
+
+# ---------------------------------------------------------------------------
+# The paper's hybrid recipe.
+
+DEFAULT_UNFOLDED = ("embed", "lm_head", "head", "norm")
+
+
+def fold_adam_labels(params, unfolded: tuple[str, ...] = DEFAULT_UNFOLDED,
+                     ) -> Any:
+  """Labels ``'fold'`` / ``'adam'`` for ``optax.partition``, as the paper splits.
+
+  A leaf is ``'fold'`` when it has at least 2 dimensions and no key on its
+  path contains one of ``unfolded`` (case-insensitive): the attention and MLP
+  matrices of a transformer. Embeddings, the LM head, norm scales and biases
+  (1-D) are ``'adam'``.
+  """
+  low = tuple(u.lower() for u in unfolded)
+
+  def label(path, leaf):
+    keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+            for k in path]
+    if jnp.ndim(leaf) < 2 or any(u in k.lower() for k in keys for u in low):
+      return "adam"
+    return "fold"
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def hybrid_fold_adam(
+    learning_rate: ScalarOrSchedule,
+    fold_level: int = 2,
+    scale: float = 0.25,
+    b1: float = 0.9,
+    b2: float = 0.95,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    unfolded: tuple[str, ...] = DEFAULT_UNFOLDED,
+    *,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
+    nu_mode: str = "mean_of_squares",
+    residual: bool = True,
+) -> optax.GradientTransformation:
+  """FOAM's recipe: fold_adam (× ``scale``) on matrices, AdamW on the rest.
+
+  ``optax.partition`` over :func:`fold_adam_labels`: the ``'fold'`` group
+  gets :func:`fold_adam` with ``scale`` (α, the authors' 0.25 at l = 2), the
+  ``'adam'`` group (embeddings, head, norms, biases) ``optax.adamw`` with the
+  same learning rate, betas, eps and weight decay. Defaults follow the
+  authors' scripts (l = 2, α = 0.25, betas (0.9, 0.95)).
+  """
+  return optax.partition(
+      {"fold": fold_adam(learning_rate, fold_level, b1, b2, eps,
+                         weight_decay=weight_decay, scale=scale,
+                         mu_dtype=mu_dtype, nu_dtype=nu_dtype, nu_mode=nu_mode,
+                         residual=residual),
+       "adam": optax.adamw(learning_rate, b1, b2, eps,
+                           weight_decay=weight_decay)},
+      lambda params: fold_adam_labels(params, unfolded))
