@@ -45,8 +45,11 @@ from forge_jax.models import llama
 #     AdamW on embeddings and norms; fold-adam-noresidual: without R;
 #   adafactor: optax.adafactor (factored second moments);
 #   muon: optax.contrib.muon on the attention/MLP matrices, AdamW elsewhere.
-OPTIMIZERS = ("forge-adamw", "optax-adamw", "fold-adam", "fold-adam-noresidual",
-              "adafactor", "muon")
+#   forge-fold-adam: FOAM inside FORGE: the 7 projections fused with
+#     fold_adam (--fold-level, --fold-scale), the rest forge_jax.adamw.
+OPTIMIZERS = ("forge-adamw", "forge-fold-adam", "optax-adamw", "fold-adam",
+              "fold-adam-noresidual", "adafactor", "muon")
+FUSED = ("forge-adamw", "forge-fold-adam")
 MOMENT_DTYPES = ("float32", "bfloat16", "int8")
 
 
@@ -134,7 +137,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     raise ValueError(f"moment_dtype={cfg.moment_dtype!r} must be one of "
                      f"{MOMENT_DTYPES}")
   if cfg.moment_dtype != "float32" and cfg.optimizer not in (
-      "forge-adamw", "fold-adam", "fold-adam-noresidual"):
+      *FUSED, "fold-adam", "fold-adam-noresidual"):
     raise ValueError(f"moment_dtype applies to forge-adamw and fold-adam, not "
                      f"{cfg.optimizer} (whose optax state stays as optax keeps it)")
   if not 0 <= cfg.fold_level <= 16:
@@ -192,10 +195,14 @@ def build(cfg: TrainConfig, vocab_size: int):
   moments = dict(mu_dtype=jnp.dtype(cfg.moment_dtype),
                  nu_dtype=jnp.dtype(cfg.moment_dtype))
   param_dtype = jnp.dtype(cfg.param_dtype)
-  if cfg.optimizer == "forge-adamw":
+  if cfg.optimizer in FUSED:
+    if cfg.optimizer == "forge-adamw":
+      fused = fj.adamw(lr, **hp, **moments)
+    else:
+      fused = fj.fold_adam(lr, cfg.fold_level, scale=cfg.fold_scale, **hp,
+                           **moments)
     base = functools.partial(
-        fj.ForgeDense, optimizer=fj.adamw(lr, **hp, **moments),
-        implementation=cfg.implementation,
+        fj.ForgeDense, optimizer=fused, implementation=cfg.implementation,
         stochastic_rounding=cfg.stochastic_rounding)
     # Unfused params (embeddings, norms) use the same AdamW, unfused.
     tx = fj.adamw(lr, **hp, **moments)

@@ -65,7 +65,35 @@ def test_optax_baseline_trains_the_same_model(text_file, tmp_path):
     assert abs(a["loss"] - b["loss"]) < 1e-4
 
 
+def test_fused_fold_adam_tracks_unfused_fold_adam(text_file, tmp_path):
+  """FOAM inside FORGE against FOAM as an optax transform, same model and data."""
+  kw = dict(steps=4, eval_every=2, fold_level=3, fold_scale=0.5)
+  fused = train_lm.main(_cfg(text_file, tmp_path / "f", optimizer="forge-fold-adam", **kw))
+  plain = train_lm.main(_cfg(text_file, tmp_path / "p", optimizer="fold-adam", **kw))
+  assert fused["fused_layers"] == 28 and plain["fused_layers"] == 0
+  # The same moments; only the step counters of the optax chains differ.
+  assert abs(fused["optimizer_state_bytes"] - plain["optimizer_state_bytes"]) < 64
+  for a, b in zip(fused["records"], plain["records"]):
+    assert abs(a["loss"] - b["loss"]) < 1e-4
+
+
+@pytest.mark.parametrize("optimizer,kw", [
+    ("optax-adamw", {}), ("fold-adam", dict(moment_dtype="int8")),
+    ("adafactor", {}), ("muon", {}),
+    ("forge-adamw", dict(param_dtype="bfloat16", moment_dtype="int8")),
+])
+def test_every_optimizer_and_mode_trains(text_file, tmp_path, optimizer, kw):
+  out = train_lm.main(_cfg(text_file, tmp_path / "o", steps=6, eval_every=3,
+                           optimizer=optimizer, **kw))
+  losses = [r["loss"] for r in out["records"]]
+  assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+  assert out["optimizer_state_bytes"] > 0
+
+
 @pytest.mark.parametrize("kw,match", [
+    (dict(optimizer="adafactor", moment_dtype="int8"), "moment_dtype applies to"),
+    (dict(param_dtype="float16"), "param_dtype='float16'"),
+    (dict(fold_level=-1), "fold_level=-1"),
     (dict(preset="huge"), "preset='huge'"),
     (dict(optimizer="sgd"), "optimizer='sgd'"),
     (dict(steps=0), "steps=0"),

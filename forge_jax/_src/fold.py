@@ -34,6 +34,7 @@ or on one tile of a fused kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -43,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from forge_jax._src import rules as rules_lib
 from forge_jax._src import transforms
 from pallas_kernels import quantization
 
@@ -131,8 +133,9 @@ def fold_adam_blocks(gb, inv_count, mask, mu, nu, hp, *,
     inv_count: (nb,) or broadcastable: 1 / number of real elements per block.
     mask: bool (..., nb, B) of real lanes, or None when every lane is real.
     mu, nu: fp32 folded moments (..., nb).
-    hp: mapping with scalars ``b1``, ``b2``, ``eps``, ``eps_root``,
-      ``scale`` and the bias corrections ``bc1`` = 1 - b1^t, ``bc2`` = 1 - b2^t
+    hp: mapping with scalars ``b1``, ``b2``, ``one_minus_b1``,
+      ``one_minus_b2`` (computed before any fp32 cast, as optax does), ``eps``,
+      ``eps_root``, ``scale`` and the bias corrections ``bc1`` = 1 - b1^t, ``bc2`` = 1 - b2^t
       (:func:`bias_corrections`).
     nu_mode: ``'mean_of_squares'`` (A(G²)) or ``'square_of_mean'`` (A(G)²).
     residual: add the residual R (False: the ablation without it).
@@ -146,8 +149,8 @@ def fold_adam_blocks(gb, inv_count, mask, mu, nu, hp, *,
     a2 = jnp.sum(gb * gb, axis=-1) * inv_count
   else:
     a2 = a * a
-  mu = (1 - b1) * a + b1 * mu
-  nu = (1 - b2) * a2 + b2 * nu
+  mu = hp["one_minus_b1"] * a + b1 * mu
+  nu = hp["one_minus_b2"] * a2 + b2 * nu
   m = jnp.broadcast_to(mu[..., None], gb.shape)
   v = jnp.broadcast_to(nu[..., None], gb.shape)
   if residual:
@@ -160,6 +163,131 @@ def fold_adam_blocks(gb, inv_count, mask, mu, nu, hp, *,
   v_hat = v / hp["bc2"]
   direction = m_hat / (jnp.sqrt(v_hat + hp["eps_root"]) + hp["eps"])
   return hp["scale"] * direction, mu, nu
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldAdamRule:
+  """fold_adam as a fused-kernel rule: the interface of ``ElementwiseRule``
+  that :func:`pallas_kernels.fused_dw.fused_dw_update` uses, with folded
+  state (FOAM inside FORGE's epilogue).
+
+  For a kernel W of shape (in, out) the state arrays ``mu`` and ``nu`` have
+  shape (in, ceil(out / 2**fold_level)); a kernel tile of ``bn`` columns
+  owns ``bn / 2**fold_level`` state columns, so tiles must be a multiple of
+  2**fold_level wide (:attr:`min_block_n`). The step is
+  :func:`fold_adam_blocks` on the tile's gradient, then decoupled weight
+  decay and the learning rate, as :func:`fold_adam` computes them.
+  """
+
+  fold_level: int
+  nu_mode: str = "mean_of_squares"
+  residual: bool = True
+
+  state_names = ("mu", "nu")
+  nonnegative_states = ("nu",)
+  hyperparam_names = ("learning_rate", "b1", "b2", "eps", "eps_root", "scale",
+                      "weight_decay")
+  packed_names = hyperparam_names + ("one_minus_b1", "one_minus_b2", "bc1", "bc2")
+
+  def __post_init__(self):
+    if (isinstance(self.fold_level, bool) or not isinstance(self.fold_level, int)
+        or not 0 <= self.fold_level <= 16):
+      raise ValueError(f"fold_level={self.fold_level!r} must be an int in [0, 16]")
+    if self.nu_mode not in NU_MODES:
+      raise ValueError(f"nu_mode={self.nu_mode!r} must be one of {NU_MODES}")
+
+  @property
+  def name(self) -> str:
+    return f"fold_adam_l{self.fold_level}"
+
+  @property
+  def block(self) -> int:
+    return 2**self.fold_level
+
+  @property
+  def min_block_n(self) -> int:
+    return max(16, self.block)
+
+  @property
+  def num_hyperparams(self) -> int:
+    return len(self.packed_names) + 1
+
+  def state_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return folded_shape(tuple(shape), self.fold_level)
+
+  def state_cols(self, cols: int) -> int:
+    return cols // self.block
+
+  def hyperparams_f32(self, raw):
+    """fp32 scalars for ``hyperparam_names`` (validated when concrete).
+
+    Raises:
+      ValueError: for a missing, non-scalar or out-of-range hyperparameter.
+    """
+    missing = [n for n in self.hyperparam_names if n not in raw]
+    if missing:
+      raise ValueError(f"hyperparams is missing {missing} for rule {self.name!r}")
+    _check("b1", raw["b1"], 0.0, 1.0)
+    _check("b2", raw["b2"], 0.0, 1.0)
+    _check("eps", raw["eps"], 0.0, float("inf"))
+    _check("eps_root", raw["eps_root"], 0.0, float("inf"))
+    _check("weight_decay", raw["weight_decay"], 0.0, float("inf"))
+    return {n: rules_lib._real_scalar(n, raw[n])  # pylint: disable=protected-access
+            for n in self.hyperparam_names}
+
+  def pack(self, hyperparams, count) -> jax.Array:
+    """``[*hyperparam_names, 1 - b1, 1 - b2, 1 - b1^t, 1 - b2^t, count]`` in fp32.
+
+    ``1 - b`` is formed from the raw value (double precision for a Python
+    float) and the bias corrections by :func:`bias_corrections` from the
+    integer ``count``, exactly as the optax transform computes them.
+    """
+    hp = self.hyperparams_f32(hyperparams)
+    b1, b2 = hyperparams["b1"], hyperparams["b2"]
+    count_i = jnp.asarray(count).astype(jnp.int32)
+    bc1, bc2 = bias_corrections(b1, b2, count_i)
+    extra = [jnp.asarray(1 - b1, jnp.float32), jnp.asarray(1 - b2, jnp.float32),
+             bc1, bc2]
+    return jnp.stack([hp[n] for n in self.hyperparam_names] + extra
+                     + [count_i.astype(jnp.float32)])
+
+  def unpack(self, hparams):
+    values = [hparams[i] for i in range(self.num_hyperparams)]
+    return dict(zip(self.packed_names, values[:-1])), values[-1]
+
+  def update_masked(self, grad, param, state, hp, count, col_valid=None):
+    """One fused step on a (rows, cols) gradient tile or whole kernel.
+
+    Args:
+      grad, param: fp32 (rows, cols); ``grad`` is 0 where ``col_valid`` is
+        False.
+      state: fp32 (mu, nu), each (rows, ceil(cols / 2**l)).
+      hp: from :meth:`unpack`.
+      count: unused (the bias corrections are packed).
+      col_valid: bool (cols,) of real columns, or None (all real).
+
+    Returns:
+      ``(new_param, (mu, nu))`` in fp32.
+    """
+    del count
+    block = self.block
+    rows, cols = grad.shape
+    if col_valid is None:
+      col_valid = jnp.ones((cols,), jnp.bool_)
+    pad = -cols % block
+    if pad:  # the whole-kernel reference; kernel tiles are whole blocks
+      grad = jnp.pad(grad, ((0, 0), (0, pad)))
+      col_valid = jnp.pad(col_valid, (0, pad))
+    gb = grad.reshape(rows, -1, block)
+    mask = col_valid.reshape(-1, block)
+    inv_count = 1.0 / jnp.maximum(jnp.sum(mask.astype(jnp.float32), -1), 1.0)
+    mu, nu = state
+    direction, mu, nu = fold_adam_blocks(
+        gb, inv_count, mask[None], mu, nu, hp, nu_mode=self.nu_mode,
+        residual=self.residual)
+    direction = direction.reshape(rows, -1)[:, :cols]
+    update = direction + hp["weight_decay"] * param
+    return param + update * (-hp["learning_rate"]), (mu, nu)
 
 
 def _check(name: str, value, low: float, high: float) -> None:
@@ -239,8 +367,9 @@ def scale_by_fold_adam(
     del params
     count = optax.safe_increment(state.count)
     bc1, bc2 = bias_corrections(b1, b2, count)
-    hp = {"b1": b1, "b2": b2, "eps": eps, "eps_root": eps_root, "scale": scale,
-          "bc1": bc1, "bc2": bc2}
+    hp = {"b1": b1, "b2": b2, "one_minus_b1": 1 - b1, "one_minus_b2": 1 - b2,
+          "eps": eps, "eps_root": eps_root, "scale": scale, "bc1": bc1,
+          "bc2": bc2}
     treedef = jax.tree.structure(updates)
     mus = treedef.flatten_up_to(state.mu)
     nus = treedef.flatten_up_to(state.nu)
@@ -309,8 +438,11 @@ def fold_adam(
       of bools choosing the leaves that get weight decay.
 
   Returns:
-    An ``optax.GradientTransformation`` (state: a tuple whose first entry is
-    :class:`FoldAdamState`).
+    A :class:`forge_jax.ForgeTransformation` (without ``mask``; a plain
+    optax transformation with one): an optax transformation (state: a tuple
+    whose first entry is :class:`FoldAdamState`) that
+    :class:`forge_jax.ForgeDense` also runs fused, the folded moments
+    updated tile by tile in the kernel epilogue.
 
   Examples:
     >>> import jax.numpy as jnp, optax, forge_jax as fj
@@ -321,7 +453,7 @@ def fold_adam(
     ((16, 8), (64,))
   """
   _check("weight_decay", weight_decay, 0.0, float("inf"))
-  return optax.chain(
+  tx = optax.chain(
       scale_by_fold_adam(fold_level, b1, b2, eps, eps_root, scale,
                          mu_dtype=mu_dtype, nu_dtype=nu_dtype, nu_mode=nu_mode,
                          residual=residual),
@@ -329,6 +461,19 @@ def fold_adam(
       optax.scale_by_learning_rate(learning_rate),
       transforms.cast_to_param_dtype(),
   )
+  if mask is not None:
+    # A weight-decay mask is a property of a params tree; a fused layer has
+    # one kernel, so this transformation is optax-only (ForgeDense refuses it).
+    return tx
+  rule = FoldAdamRule(fold_level, nu_mode, residual)
+  hyperparams = dict(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
+                     eps_root=eps_root, scale=scale, weight_decay=weight_decay)
+  for n, v in hyperparams.items():
+    if callable(v) and n != "learning_rate":
+      raise ValueError(f"{n} must be a number, not a schedule (only "
+                       "learning_rate may be a schedule)")
+  return transforms.ForgeTransformation.create(
+      tx, rule, hyperparams, state_dtypes=(mu_dtype, nu_dtype))
 
 
 # ---------------------------------------------------------------------------

@@ -102,6 +102,26 @@ class ElementwiseRule:
     new_param = param + direction * (-hyperparams[LEARNING_RATE])
     return new_param, new_state
 
+  # The interface the fused kernel and its reference use, shared with
+  # non-elementwise rules whose state is smaller than the parameter
+  # (forge_jax._src.fold.FoldAdamRule).
+
+  min_block_n = 16  # narrowest kernel tile along the out axis
+
+  def state_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of each state array of a parameter of ``shape`` (the same)."""
+    return tuple(shape)
+
+  def state_cols(self, cols: int) -> int:
+    """State columns of a tile ``cols`` wide (the same)."""
+    return cols
+
+  def update_masked(self, grad, param, state, hyperparams, count, col_valid=None):
+    """:meth:`update`; ``col_valid`` (which columns are real) is not needed
+    by an elementwise rule."""
+    del col_valid
+    return self.update(grad, param, state, hyperparams, count)
+
   def hyperparams_f32(self, raw: Mapping[str, Any]) -> dict[str, Array]:
     """fp32 scalars for ``packed_names`` from raw values (floats or arrays).
 

@@ -86,11 +86,12 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
   def init_state(self, shape: tuple[int, ...]) -> dict[str, Any]:
     """The initial state arrays of one parameter of ``shape``, by name.
 
-    Each is an array of ``shape`` (float32 or bfloat16) or, for int8, a
-    :class:`~pallas_kernels.quantization.QuantizedArray`.
+    Each is an array of ``rule.state_shape(shape)`` (the param's shape for an
+    elementwise rule; folded for fold_adam), float32 or bfloat16, or for int8
+    a :class:`~pallas_kernels.quantization.QuantizedArray`.
     """
     return {n: quantization.full_state(
-        shape, v, d, n in self.rule.nonnegative_states)
+        self.rule.state_shape(tuple(shape)), v, d, n in self.rule.nonnegative_states)
             for n, v, d in zip(self.rule.state_names, self.state_init,
                                self.state_dtypes)}
 

@@ -78,15 +78,17 @@ def _check_args(x, dy, w, state, hparams, rule, seed):
     raise ValueError(
         f"state must hold {len(rule.state_names)} arrays {rule.state_names} "
         f"for rule {rule.name!r}, got {len(state)}")
+  state_shape = rule.state_shape(w.shape)
   for name, s in zip(rule.state_names, state):
     nonneg = name in rule.nonnegative_states
     if isinstance(s, quantization.QuantizedArray):
-      want = quantization.scale_shape(w.shape)
-      if (s.codes.shape != w.shape or s.codes.dtype != jnp.int8
+      want = quantization.scale_shape(state_shape)
+      if (s.codes.shape != state_shape or s.codes.dtype != jnp.int8
           or s.scale.shape != want or s.scale.dtype != jnp.float32):
         raise ValueError(
             f"state {name!r}: a QuantizedArray for w of shape {w.shape} needs "
-            f"int8 codes of that shape and float32 scales of shape {want}, got "
+            f"int8 codes of shape {state_shape} and float32 scales of shape "
+            f"{want}, got "
             f"{s.codes.dtype}{list(s.codes.shape)} and "
             f"{s.scale.dtype}{list(s.scale.shape)}")
       if s.nonnegative != nonneg:
@@ -94,10 +96,10 @@ def _check_args(x, dy, w, state, hparams, rule, seed):
             f"state {name!r} must be quantized with nonnegative={nonneg} for "
             f"rule {rule.name!r}, got nonnegative={s.nonnegative}")
       continue
-    if (getattr(s, "shape", None) != w.shape
+    if (getattr(s, "shape", None) != state_shape
         or getattr(s, "dtype", None) not in _OPERAND_DTYPES):
       raise ValueError(
-          f"state {name!r} must be float32 or bfloat16 of shape {w.shape}, or "
+          f"state {name!r} must be float32 or bfloat16 of shape {state_shape}, or "
           f"a QuantizedArray, got {type(s).__name__} "
           f"{getattr(s, 'dtype', '')}{list(getattr(s, 'shape', ()))}")
   if hparams.shape != (rule.num_hyperparams,) or hparams.dtype != jnp.float32:
@@ -172,15 +174,20 @@ def fused_dw_update(
         f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
         "in interpret mode, or implementation='xla' for the reference")
   quantized = any(isinstance(s, quantization.QuantizedArray) for s in state)
+  # A tile must hold whole fold blocks (rule.min_block_n) and, for int8
+  # state, whole quantization blocks of its state columns.
+  widen = rule.min_block_n // rule.state_cols(rule.min_block_n)
+  min_block_n = max(rule.min_block_n,
+                    quantization.BLOCK_SIZE * widen if quantized else 16)
   if config is None:
-    config = FusedDWConfig.default(
-        x.shape[0], *w.shape, x.dtype,
-        min_block_n=quantization.BLOCK_SIZE if quantized else 16)
-  elif quantized and config.block_n % quantization.BLOCK_SIZE:
+    config = FusedDWConfig.default(x.shape[0], *w.shape, x.dtype,
+                                   min_block_n=min_block_n)
+  elif config.block_n % min_block_n:
     raise ValueError(
-        f"config.block_n={config.block_n} must be a multiple of "
-        f"{quantization.BLOCK_SIZE} for int8 state (a tile must hold whole "
-        "quantization blocks)")
+        f"config.block_n={config.block_n} must be a multiple of {min_block_n} "
+        f"for rule {rule.name!r}" + (
+            " with int8 state (a tile must hold whole quantization blocks of "
+            f"{quantization.BLOCK_SIZE} state columns)" if quantized else ""))
   return kernel_triton.fused_dw_update_triton(
       x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
       seed=seed)

@@ -8,7 +8,10 @@ and stores the new tiles into the buffers of the old ones
 (``input_output_aliases``). The gradient tile never leaves registers.
 
 Every load and store is masked: any T, in and out are allowed, and no element
-outside the arrays is read or written.
+outside the arrays is read or written. Optimizer state may be fp32, bf16 or
+int8 (codes plus one fp32 scale per 64 elements, quantized in the epilogue),
+and may be narrower than W: a rule's ``state_cols`` maps the tile's columns
+to its state's (folded moments keep bn / 2**l columns per tile).
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ class FusedDWConfig:
     block_t = 64 if jnp.dtype(dtype).itemsize <= 2 else 32
     fit = lambda d, low: max(low, min(128, pl.next_power_of_2(d)))  # noqa: E731
     bm, bn = fit(d_in, 16), fit(d_out, min_block_n)
+    # Keep the fp32 accumulator at most 128×128 (registers) when a rule needs
+    # wide tiles (folded int8 moments: 64 state columns = 64·2**l of W's).
+    bm = max(16, min(bm, (128 * 128) // bn))
     low_n = max(32, min_block_n)
     while (pl.cdiv(d_in, bm) * pl.cdiv(d_out, bn) < min_tiles
            and (bm > 32 or bn > low_n)):
@@ -148,38 +154,46 @@ def _fused_dw_kernel(
   mask = row_mask[:, None] & col_mask[None, :]
   hp, count = rule.unpack(hp_ref)
   w = plgpu.load(w_ref.at[tile], mask=mask, other=0.0)
-  # Scales of the int8 states: bn / 64 blocks per tile row.
-  nb = bn // quantization.BLOCK_SIZE
-  blocks = pid_n * nb + jnp.arange(max(nb, 1))
-  scale_tile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * nb, max(nb, 1)))
+  # The state tile: bs columns of the state arrays (bn for an elementwise
+  # rule, bn / 2**l for folded moments).
+  bs = rule.state_cols(bn)
+  d_state = rule.state_shape((d_in, d_out))[1]
+  scol_mask = pid_n * bs + jnp.arange(bs) < d_state
+  stile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * bs, bs))
+  smask = row_mask[:, None] & scol_mask[None, :]
+  # Scales of the int8 states: bs / 64 blocks per tile row.
+  nb = max(bs // quantization.BLOCK_SIZE, 1)
+  blocks = pid_n * nb + jnp.arange(nb)
+  scale_tile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * nb, nb))
   scale_mask = row_mask[:, None] & (
-      blocks < quantization.num_blocks(d_out))[None, :]
-  block_view = (bm, max(nb, 1), quantization.BLOCK_SIZE)
+      blocks < quantization.num_blocks(d_state))[None, :]
+  block_view = (bm, nb, quantization.BLOCK_SIZE)
 
   def load_state(r, kind):
     if kind == "plain":
-      return plgpu.load(r.at[tile], mask=mask, other=0.0).astype(jnp.float32)
+      return plgpu.load(r.at[stile], mask=smask, other=0.0).astype(jnp.float32)
     codes_ref, scale_ref = r
-    codes = plgpu.load(codes_ref.at[tile], mask=mask, other=0)
+    codes = plgpu.load(codes_ref.at[stile], mask=smask, other=0)
     scale = plgpu.load(scale_ref.at[scale_tile], mask=scale_mask, other=0.0)
     values = quantization.dequantize_blocks(
         codes.reshape(block_view), scale, kind == "nonneg")
-    return values.reshape(bm, bn)
+    return values.reshape(bm, bs)
 
   def store_state(r, kind, v):
     if kind == "plain":
-      plgpu.store(r.at[tile], v.astype(r.dtype), mask=mask)
+      plgpu.store(r.at[stile], v.astype(r.dtype), mask=smask)
       return
     codes_ref, scale_ref = r
-    # Lanes outside W are zeroed so they do not enter a block's absmax.
-    v = jnp.where(mask, v, 0.0).reshape(block_view)
+    # Lanes outside the state are zeroed so they do not enter a block's absmax.
+    v = jnp.where(smask, v, 0.0).reshape(block_view)
     codes, scale = quantization.quantize_blocks(v, kind == "nonneg")
-    plgpu.store(codes_ref.at[tile], codes.reshape(bm, bn).astype(jnp.int8),
-                mask=mask)
+    plgpu.store(codes_ref.at[stile], codes.reshape(bm, bs).astype(jnp.int8),
+                mask=smask)
     plgpu.store(scale_ref.at[scale_tile], scale, mask=scale_mask)
 
   state = tuple(load_state(r, k) for r, k in zip(state_refs, kinds))
-  new_w, new_state = rule.update(grad, w.astype(jnp.float32), state, hp, count)
+  new_w, new_state = rule.update_masked(
+      grad, w.astype(jnp.float32), state, hp, count, col_mask)
   index = (rows[:, None] * d_out + cols[None, :]).astype(jnp.uint32)
   new_w = reference.round_weight(
       new_w, w_out_ref.dtype, seed_ref[0] if has_seed else None, count, index)

@@ -50,7 +50,7 @@ def fused_dw_update_reference(
   """
   grad = weight_grad_reference(x, dy)
   hp, count = rule.unpack(hparams)
-  new_w, new_state = rule.update(
+  new_w, new_state = rule.update_masked(
       grad, w.astype(jnp.float32),
       tuple(quantization.state_to_f32(s) for s in state), hp, count)
   index = lax.iota(jnp.uint32, w.size).reshape(w.shape)
