@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from forge_jax._src.fold import FoldAdamRule
 from forge_jax.rules import ALL_RULES
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import fused_dw_update
@@ -48,6 +49,8 @@ from pallas_kernels.fused_dw import fused_dw_update_reference
 from pallas_kernels.fused_dw import weight_grad_reference
 
 RULES = {r.name: r for r in ALL_RULES}
+# FOAM inside the kernel (folded moments, 2**l times smaller): opt-in names.
+FOLD_RULES = {r.name: r for r in (FoldAdamRule(2), FoldAdamRule(3), FoldAdamRule(4))}
 # mode -> (W dtype, state storage dtype, stochastic rounding)
 MODES = {
     "fp32": (jnp.float32, jnp.float32, False),
@@ -57,7 +60,7 @@ MODES = {
 }
 HYPERPARAMS = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
                "threshold": 5.0, "weight_decay": 0.01, "decay": 0.9,
-               "momentum": 0.9}
+               "momentum": 0.9, "eps_root": 0.0, "scale": 0.25}
 
 
 def _time(fn, args_list, reps: int) -> float:
@@ -138,7 +141,8 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False):
     w = jnp.asarray(rng.standard_normal((d_in, d_out)), w_dtype)
     state = []
     for name in rule.state_names:
-      v = jnp.asarray(1e-2 * rng.standard_normal((d_in, d_out)), jnp.float32)
+      v = jnp.asarray(1e-2 * rng.standard_normal(rule.state_shape((d_in, d_out))),
+                      jnp.float32)
       nonneg = name in rule.nonnegative_states
       if nonneg:
         v = v * v
@@ -170,8 +174,9 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False):
   t_unfused = _time_stateful(unfused, sets, copy(), [hp], reps)
   t_fused = _time_stateful(fused, sets, copy(), [hp], reps)
   n = d_in * d_out
+  n_state = int(np.prod(rule.state_shape((d_in, d_out))))
   moved = (2 * t * (d_in + d_out) + 2 * _storage_bytes(n, w_dtype)
-           + 2 * len(rule.state_names) * _storage_bytes(n, state_dtype))
+           + 2 * len(rule.state_names) * _storage_bytes(n_state, state_dtype))
   return dict(rule=rule.name, mode=mode, rel_err=err, unfused_s=t_unfused,
               fused_s=t_fused, bytes=moved)
 
@@ -181,7 +186,7 @@ def main(argv=None):
   p.add_argument("--shapes", default="2048:4096x14336",
                  help="T:inxout, several separated by ','")
   p.add_argument("--rules", default=",".join(RULES),
-                 help=f"comma-separated, from {sorted(RULES)}")
+                 help=f"comma-separated, from {sorted(RULES) + sorted(FOLD_RULES)}")
   p.add_argument("--modes", default=",".join(MODES),
                  help=f"comma-separated, from {list(MODES)}")
   p.add_argument("--reps", type=int, default=30)
@@ -190,7 +195,11 @@ def main(argv=None):
   p.add_argument("--interpret", action="store_true",
                  help="run the kernel in interpret mode (a CPU smoke test)")
   a = p.parse_args(argv)
-  rules = [RULES[r] for r in a.rules.split(",")]
+  known = {**RULES, **FOLD_RULES}
+  for r in a.rules.split(","):
+    if r not in known:
+      raise SystemExit(f"--rules: {r!r} is not one of {sorted(known)}")
+  rules = [known[r] for r in a.rules.split(",")]
   modes = a.modes.split(",")
   for m in modes:
     if m not in MODES:

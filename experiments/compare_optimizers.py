@@ -8,6 +8,8 @@ The optimizers a JAX user would otherwise pick, against FOAM's fold_adam
   fold_adam on the attention and MLP matrices with scale α, AdamW on
   embeddings and norms;
 * ``fold-adam l=3, no residual``: the ablation without R;
+* ``forge fold-adam l=3 (fused)``: the same FOAM run inside the fused
+  kernels (FORGE's epilogue), which should track the unfused l=3 run;
 * ``adafactor``: ``optax.adafactor``;
 * ``muon``: ``optax.contrib.muon`` on the matrices, AdamW elsewhere.
 
@@ -35,6 +37,8 @@ OPTIMIZERS = {
     "fold-adam l=4": ["--optimizer", "fold-adam", "--fold-level", "4"],
     "fold-adam l=3, no residual": ["--optimizer", "fold-adam-noresidual",
                                    "--fold-level", "3"],
+    "forge fold-adam l=3 (fused)": ["--optimizer", "forge-fold-adam",
+                                    "--fold-level", "3"],
     "adafactor": ["--optimizer", "adafactor"],
     "muon": ["--optimizer", "muon"],
 }

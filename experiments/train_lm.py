@@ -160,6 +160,17 @@ def schedule(cfg: TrainConfig) -> optax.Schedule:
       end_value=0.1 * cfg.learning_rate)
 
 
+# Fields a resumed run may change (the schedule spans --steps, so a larger
+# --steps extends it; the others only say where and how often to write).
+RESUMABLE_CHANGES = ("steps", "stop_at", "resume", "out", "eval_every",
+                     "eval_batches", "checkpoint_every", "implementation",
+                     "cache_dir")
+
+
+def _jsonable(v):
+  return json.loads(json.dumps(v))
+
+
 def unfused_tx(cfg: TrainConfig, lr, hp, moments) -> optax.GradientTransformation:
   """The optax transformation of an unfused ``cfg.optimizer`` (all params)."""
   if cfg.optimizer == "optax-adamw":
@@ -317,9 +328,17 @@ def main(cfg: TrainConfig) -> dict:
   if cfg.resume:
     state, meta = fj.restore_checkpoint(ckpt_dir, state)
     start = int(state.step)
-    if meta.get("config", {}).get("optimizer") not in (None, cfg.optimizer):
-      raise ValueError(f"--resume: checkpoint was trained with "
-                       f"{meta['config']['optimizer']}, not {cfg.optimizer}")
+    saved = meta.get("config", {})
+    now = dataclasses.asdict(cfg)
+    changed = {k: (saved[k], now[k]) for k in saved
+               if k not in RESUMABLE_CHANGES and k in now
+               and _jsonable(saved[k]) != _jsonable(now[k])}
+    if changed:
+      raise ValueError(
+          "--resume: the checkpoint was trained with another configuration "
+          "(the run would not continue the same training): " + ", ".join(
+              f"{k}={v[0]!r} in the checkpoint, {v[1]!r} now"
+              for k, v in sorted(changed.items())))
     if os.path.exists(metrics_path):
       with open(metrics_path) as f:
         records = [r for r in json.load(f)["records"] if r["step"] <= start]
@@ -440,4 +459,9 @@ def parse_args(argv=None) -> TrainConfig:
 
 
 if __name__ == "__main__":
-  main(parse_args())
+  try:
+    main(parse_args())
+  except (ValueError, FileExistsError, FileNotFoundError) as e:
+    # A configuration the run refuses: an argparse-style message, no traceback.
+    print(f"train_lm: error: {e}", file=sys.stderr)
+    sys.exit(2)

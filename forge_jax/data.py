@@ -1490,7 +1490,15 @@ def _main(argv: Sequence[str]) -> int:
   :data:`CORPORA` from it, which checks their digests (``"mixed"``'s too).
   The filled directory can be copied to a machine without network access.
   """
-  cache_dir = argv[0] if argv else None
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(
+      prog="python -m forge_jax.data",
+      description="Fetch every corpus and tokenizer file into a cache "
+      "(sha256-verified), to copy to a machine without network access.")
+  parser.add_argument("cache_dir", nargs="?", default=None,
+                      help="cache directory (default: $FORGE_JAX_CACHE or "
+                      "~/.cache/forge_jax)")
+  cache_dir = parser.parse_args(list(argv)).cache_dir
   for name in REGISTRY:
     for member, path in fetch_files(name, cache_dir=cache_dir).items():
       print(f"{name}: {member} -> {path}")

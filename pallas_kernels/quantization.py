@@ -23,7 +23,10 @@ Two codes, chosen by the state's sign:
   denominator that decoded to 0 would turn the step into mu / eps.
 
 An all-zero block has scale 0, codes 0 (signed) or -128 (non-negative) and
-decodes to exact zeros, without NaN. Rounding is to nearest (ties away from
+decodes to exact zeros, without NaN; so does a signed block whose absmax is
+below 1e-30 (where 127 / absmax would overflow). Subnormal values (below
+1.2e-38) may decode to 0 in either code. One inf or NaN makes its whole block
+of 64 inf or NaN. Rounding is to nearest (ties away from
 zero in the magnitude), the same arithmetic in the XLA reference and in the
 Pallas kernel epilogue, which calls :func:`quantize_blocks` and
 :func:`dequantize_blocks` on (rows, blocks, 64) views of its tile.
@@ -51,6 +54,7 @@ VIEW_DTYPE = jnp.dtype(jnp.float8_e4m3fn)
 _SIGNED_MAX = 127.0
 _NONNEG_LEVELS = 255.0
 _NONNEG_OFFSET = 128.0
+_TINY = 1e-30  # a signed block whose absmax is below this is stored as zeros
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +113,9 @@ def quantize_blocks(xb: jax.Array, nonnegative: bool):
     c = jnp.where(r > 0, jnp.maximum(c, 1.0), c)  # positive stays positive
     return c - _NONNEG_OFFSET, top / _NONNEG_LEVELS
   top = jnp.max(jnp.abs(xb), axis=-1)
+  # 127 / top overflows below ~4e-37: such blocks (and subnormal ones) are
+  # stored as zeros.
+  top = jnp.where(top >= _TINY, top, 0.0)
   inv = jnp.where(top > 0, _SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)
   c = jnp.floor(jnp.abs(xb) * inv[..., None] + 0.5)
   c = jnp.minimum(c, _SIGNED_MAX)
@@ -147,6 +154,9 @@ def quantize(x: jax.Array, nonnegative: bool = False) -> QuantizedArray:
   """
   x = jnp.asarray(x, jnp.float32)
   shape = x.shape
+  if x.size == 0:
+    return QuantizedArray(jnp.zeros(shape, CODE_DTYPE),
+                          jnp.zeros(scale_shape(shape), jnp.float32), nonnegative)
   flat = x.reshape(1) if x.ndim == 0 else x
   n = flat.shape[-1]
   codes, scale = quantize_blocks(_blocked(flat), nonnegative)
@@ -158,10 +168,10 @@ def quantize(x: jax.Array, nonnegative: bool = False) -> QuantizedArray:
 def dequantize(q: QuantizedArray) -> jax.Array:
   """The fp32 array a :class:`QuantizedArray` stands for."""
   shape = q.codes.shape
+  if q.codes.size == 0:
+    return jnp.zeros(shape, jnp.float32)
   codes = q.codes.reshape(1) if not shape else q.codes
   n = codes.shape[-1]
-  if n == 0:
-    return jnp.zeros(shape, jnp.float32)
   scale = q.scale.reshape(codes.shape[:-1] + (num_blocks(n),))
   fill = -_NONNEG_OFFSET if q.nonnegative else 0.0
   pad = num_blocks(n) * BLOCK_SIZE - n

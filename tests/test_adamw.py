@@ -67,11 +67,17 @@ def test_fused_description_is_carried():
   assert float(packed[-1]) == 4.0  # bias-correction count after the update
 
 
-def test_update_needs_params():
-  tx = fj.scale_by_adamw()
+def test_update_needs_params_only_for_weight_decay():
+  tx = fj.scale_by_adamw()  # weight_decay=1e-4 by default
   state = tx.init({"w": jnp.ones(3)})
   with pytest.raises(ValueError, match="needs params"):
     tx.update({"w": jnp.ones(3)}, state)
+  # Without weight decay, as in optax, params are optional.
+  for tx in (fj.sgd(0.1), fj.adamw(0.1, weight_decay=0.0)):
+    p = {"w": jnp.ones(3)}
+    u1, _ = tx.update({"w": jnp.full(3, 2.0)}, tx.init(p))
+    u2, _ = tx.update({"w": jnp.full(3, 2.0)}, tx.init(p), p)
+    np.testing.assert_array_equal(u1["w"], u2["w"])
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -258,6 +258,29 @@ def test_sharded_like_fsdp_matches_one_device(rng, on_cpu):
     assert moment.sharding.is_equivalent_to(sharding, moment.ndim), moment.sharding
 
 
+def test_labels_of_flax_attention_and_layer_norm():
+  import flax.linen as nn
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.LayerNorm()(x + nn.MultiHeadDotProductAttention(num_heads=4)(x))
+      return nn.Dense(64)(nn.Embed(10, 64)(jnp.zeros((2,), jnp.int32))[0] + x)
+
+  params = Block().init(jax.random.key(0), jnp.ones((2, 8, 64)))["params"]
+  labels = fj.fold_adam_labels(params)
+  attn = labels["MultiHeadDotProductAttention_0"]
+  assert {attn[k]["kernel"] for k in ("query", "key", "value", "out")} == {"fold"}
+  assert labels["Dense_0"]["kernel"] == "fold"
+  assert labels["Embed_0"]["embedding"] == "adam"
+  assert set(jax.tree.leaves(labels["LayerNorm_0"])) == {"adam"}
+
+
+def test_numpy_integer_fold_level_is_accepted():
+  tx = fj.fold_adam(1e-3, fold_level=np.int64(3))
+  assert tx.init({"w": jnp.zeros((2, 64))})[0].mu["w"].shape == (2, 8)
+
+
 def test_hybrid_labels_follow_the_paper():
   params = {"embed": {"embedding": jnp.zeros((50, 8))},
             "layers_0": {"attn": {"q_proj": {"kernel": jnp.zeros((8, 8))}},

@@ -87,12 +87,27 @@ def test_blocks_do_not_cross_rows(rng):
   np.testing.assert_array_equal(np.asarray(a.scale)[rows], np.asarray(b.scale)[rows])
 
 
-@pytest.mark.parametrize("shape", [(), (0,), (3, 0)])
+def test_signed_block_below_1e30_is_stored_as_zeros_without_nan():
+  x = np.zeros(64, np.float32)
+  x[:3] = [1e-37, -2e-38, 5e-38]  # 127 / 1e-37 would overflow
+  qa = q.quantize(x)
+  back = np.asarray(q.dequantize(qa))
+  assert float(qa.scale[0]) == 0.0 and np.all(back == 0)
+  assert np.all(np.asarray(qa.codes) == 0)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0), (0, 5), (0, 0), (2, 0, 64)])
 def test_degenerate_shapes(shape):
   x = np.full(shape, -2.5, np.float32)
   qa = q.quantize(x)
   assert qa.codes.shape == shape and qa.scale.shape == q.scale_shape(shape)
   np.testing.assert_allclose(np.asarray(q.dequantize(qa)), x, rtol=1e-6)
+  # Optimizers with int8 state accept such params.
+  params = {"w": jnp.zeros(shape)}
+  for tx in (fj.adamw(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
+             fj.fold_adam(1e-3, 2, mu_dtype=jnp.int8, nu_dtype=jnp.int8)):
+    u, _ = jax.jit(tx.update)(params, tx.init(params), params)
+    assert u["w"].shape == shape
 
 
 def test_state_dtype_is_validated():

@@ -83,8 +83,8 @@ def test_fused_fold_adam_tracks_unfused_fold_adam(text_file, tmp_path):
     ("forge-adamw", dict(param_dtype="bfloat16", moment_dtype="int8")),
 ])
 def test_every_optimizer_and_mode_trains(text_file, tmp_path, optimizer, kw):
-  out = train_lm.main(_cfg(text_file, tmp_path / "o", steps=6, eval_every=3,
-                           optimizer=optimizer, **kw))
+  out = train_lm.main(_cfg(text_file, tmp_path / "o", steps=4, eval_every=4,
+                           warmup_steps=1, optimizer=optimizer, **kw))
   losses = [r["loss"] for r in out["records"]]
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
   assert out["optimizer_state_bytes"] > 0
@@ -112,11 +112,18 @@ def test_missing_text_file_is_refused(tmp_path):
     train_lm.main(_cfg(str(tmp_path / "nope.txt"), tmp_path / "bad"))
 
 
-def test_resume_with_another_optimizer_is_refused(text_file, tmp_path):
+def test_resume_with_another_optimizer_or_config_is_refused(text_file, tmp_path):
   train_lm.main(_cfg(text_file, tmp_path / "r", steps=2))
   with pytest.raises(ValueError, match="does not match"):
     train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True,
                        optimizer="optax-adamw"))
+  with pytest.raises(ValueError, match=r"another configuration.*learning_rate=0.003 "
+                     r"in the checkpoint, 0.1 now"):
+    train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True,
+                       learning_rate=0.1))
+  # A longer schedule is a legitimate change.
+  out = train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True))
+  assert [r["step"] for r in out["records"]] == [1, 2, 3]
 
 
 def test_a_new_run_into_an_old_run_directory_is_refused(text_file, tmp_path):

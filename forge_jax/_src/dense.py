@@ -207,7 +207,8 @@ class ForgeDense(nn.Module):
     TypeError: if ``optimizer`` is not a ForgeTransformation.
     ValueError: if ``optimizer`` is combined with a custom ``dot_general``;
       in a fused step, if the layer has no state, the computation dtype is not
-      float32 or bfloat16, ``param_dtype`` is not float32, or the layer runs
+      float32 or bfloat16, ``param_dtype`` is not float32 or bfloat16, the
+      stored state's dtype is not the optimizer's, or the layer runs
       under ``shard_map``/``pmap``/a named ``vmap`` axis or an unnamed
       ``vmap`` that batches its inputs but not its kernel (each would sum or
       split the fused update: data parallelism needs an all-reduce of dW).
@@ -258,7 +259,7 @@ class ForgeDense(nn.Module):
         self.variable(FORGE_STATE, name, lambda n=name: self.optimizer.init_state(
             kernel.shape)[n])
       self.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
-      if self.param_dtype == jnp.bfloat16 and self.stochastic_rounding:
+      if jnp.dtype(self.param_dtype) == jnp.bfloat16 and self.stochastic_rounding:
         # This layer's stochastic-rounding stream, drawn from its params rng
         # after kernel and bias (so their values are flax Dense's): layers
         # stacked by nn.scan get one seed each, like their params.
@@ -317,7 +318,7 @@ class ForgeDense(nn.Module):
                  interpret=ctx.interpret, context=ctx, path=path)
     hparams = self.optimizer.packed_hyperparams(ctx.step)
     seed = None
-    if param_dtype == jnp.bfloat16 and self.stochastic_rounding:
+    if jnp.dtype(param_dtype) == jnp.bfloat16 and self.stochastic_rounding:
       if not self.has_variable(FORGE_STATE, ROUNDING_SEED):
         raise ValueError(
             f"ForgeDense at {where!r} has no {FORGE_STATE}/{ROUNDING_SEED}: "

@@ -14,7 +14,9 @@ with the reconstructed moments
     update = scale * (M / (1 - b1^t)) / (sqrt(V / (1 - b2^t)) + eps),
 
 followed, in :func:`fold_adam`, by decoupled weight decay and the learning
-rate. The state is 2 / 2**l of Adam's for the folded leaves.
+rate. For the folded leaves the state is 1 / 2**l of Adam's (two moments of
+n / 2**l elements per row instead of two of n: 2 / 2**l of the parameter
+count).
 
 Readings of Ṽ (``nu_mode``): ``'mean_of_squares'`` (default) folds the squared
 gradient, A(G²), as the authors' code does; ``'square_of_mean'`` folds the
@@ -27,6 +29,12 @@ partial block whose mean is taken over its real elements only (as if padded,
 without the padding diluting the mean). 0-d and 1-d leaves (biases, norm
 scales) and zero-size leaves get plain Adam (their moments are full size).
 
+The folded axis is the last one. For a flax kernel (in, out) that is the
+output axis; the authors' PyTorch code folds ``nn.Linear.weight`` (out, in)
+along its last axis, the input axis. Both are FOAM's algorithm on a
+different grouping of elements; this library folds the last axis so that a
+fused kernel tile (rows of ``in``, columns of ``out``) holds whole blocks.
+
 The per-block arithmetic is :func:`fold_adam_blocks`, written on
 (..., blocks, B) arrays so that the same definition can run on a whole array
 or on one tile of a fused kernel.
@@ -37,6 +45,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -141,7 +151,9 @@ def fold_adam_blocks(gb, inv_count, mask, mu, nu, hp, *,
     residual: add the residual R (False: the ablation without it).
 
   The arithmetic mirrors ``optax.scale_by_adam`` (so that fold level 0, or a
-  blockwise-constant gradient, gives Adam's numbers bit for bit).
+  blockwise-constant gradient, gives Adam's numbers: bit for bit under
+  ``jax.jit`` in fp32, as in a training step; op-by-op eager execution may
+  differ in the last bit).
   """
   b1, b2 = hp["b1"], hp["b2"]
   a = jnp.sum(gb, axis=-1) * inv_count
@@ -190,9 +202,7 @@ class FoldAdamRule:
   packed_names = hyperparam_names + ("one_minus_b1", "one_minus_b2", "bc1", "bc2")
 
   def __post_init__(self):
-    if (isinstance(self.fold_level, bool) or not isinstance(self.fold_level, int)
-        or not 0 <= self.fold_level <= 16):
-      raise ValueError(f"fold_level={self.fold_level!r} must be an int in [0, 16]")
+    object.__setattr__(self, "fold_level", _fold_level(self.fold_level))
     if self.nu_mode not in NU_MODES:
       raise ValueError(f"nu_mode={self.nu_mode!r} must be one of {NU_MODES}")
 
@@ -290,6 +300,22 @@ class FoldAdamRule:
     return param + update * (-hp["learning_rate"]), (mu, nu)
 
 
+def _fold_level(fold_level) -> int:
+  """A Python int in [0, 16] (NumPy integers accepted; not a traced value:
+  with ``optax.inject_hyperparams`` pass ``static_args=('fold_level',)``)."""
+  if isinstance(fold_level, bool) or isinstance(fold_level, jax.core.Tracer):
+    fold_level = None
+  try:
+    level = operator.index(fold_level)
+  except TypeError:
+    level = None
+  if level is None or not 0 <= level <= 16:
+    raise ValueError(
+        f"fold_level={fold_level!r} must be an int in [0, 16] (a static value: "
+        "with optax.inject_hyperparams pass static_args=('fold_level',))")
+  return int(level)
+
+
 def _check(name: str, value, low: float, high: float) -> None:
   if isinstance(value, jax.core.Tracer) or callable(value):
     return
@@ -341,9 +367,7 @@ def scale_by_fold_adam(
     Wen et al., FOAM: Blocked State Folding for Memory-Efficient LLM
     Training, https://arxiv.org/abs/2512.07112
   """
-  if (isinstance(fold_level, bool) or not isinstance(fold_level, int)
-      or not 0 <= fold_level <= 16):
-    raise ValueError(f"fold_level={fold_level!r} must be an int in [0, 16]")
+  fold_level = _fold_level(fold_level)
   _check("b1", b1, 0.0, 1.0)
   _check("b2", b2, 0.0, 1.0)
   _check("eps", eps, 0.0, float("inf"))
@@ -486,17 +510,22 @@ def fold_adam_labels(params, unfolded: tuple[str, ...] = DEFAULT_UNFOLDED,
                      ) -> Any:
   """Labels ``'fold'`` / ``'adam'`` for ``optax.partition``, as the paper splits.
 
-  A leaf is ``'fold'`` when it has at least 2 dimensions and no key on its
-  path contains one of ``unfolded`` (case-insensitive): the attention and MLP
-  matrices of a transformer. Embeddings, the LM head, norm scales and biases
-  (1-D) are ``'adam'``.
+  A leaf is ``'fold'`` when it has at least 2 dimensions and no word of a
+  key on its path (keys split at ``_``, digits and other non-letters,
+  case-insensitive) starts or ends with one of ``unfolded``: the attention
+  and MLP matrices of a transformer. Embeddings (``embed``, ``Embed_0``,
+  ``embedding``), the LM head (``lm_head``, ``head``), norm scales
+  (``attn_norm``, ``LayerNorm_0``, ``RMSNorm``) and biases (1-D) are
+  ``'adam'``; ``MultiHeadDotProductAttention_0/query`` is ``'fold'``.
   """
   low = tuple(u.lower() for u in unfolded)
 
   def label(path, leaf):
     keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
             for k in path]
-    if jnp.ndim(leaf) < 2 or any(u in k.lower() for k in keys for u in low):
+    words = [w for k in keys for w in re.split(r"[^a-z]+", k.lower()) if w]
+    if jnp.ndim(leaf) < 2 or any(w.startswith(u) or w.endswith(u)
+                                 for w in words for u in low):
       return "adam"
     return "fold"
 
@@ -525,6 +554,17 @@ def hybrid_fold_adam(
   ``'adam'`` group (embeddings, head, norms, biases) ``optax.adamw`` with the
   same learning rate, betas, eps and weight decay. Defaults follow the
   authors' scripts (l = 2, α = 0.25, betas (0.9, 0.95)).
+
+  Args:
+    learning_rate: float or schedule, for both groups.
+    fold_level, scale: l and α of the folded group.
+    b1, b2, eps, weight_decay: both groups.
+    unfolded: name fragments kept on AdamW (see :func:`fold_adam_labels`).
+    mu_dtype, nu_dtype, nu_mode, residual: the folded group's
+      :func:`fold_adam` options (the AdamW group keeps fp32 moments).
+
+  Returns:
+    An ``optax.GradientTransformation`` (an ``optax.partition``).
   """
   return optax.partition(
       {"fold": fold_adam(learning_rate, fold_level, b1, b2, eps,

@@ -151,7 +151,8 @@ class TrainState(struct.PyTreeNode):
       seed: the stochastic-rounding seed, a non-negative int below 2**32.
 
     Raises:
-      ValueError: if ``variables`` lacks ``'params'``, or the model has fused
+      ValueError: if ``variables`` lacks ``'params'`` or holds collections
+        other than ``'params'`` and ``'forge_state'``, or the model has fused
         layers and ``tx`` holds gradient accumulation (``optax.MultiSteps``),
         global-norm clipping (``optax.clip_by_global_norm``) or
         ``optax.apply_if_finite``, which need the fused layers' gradients.
@@ -161,6 +162,13 @@ class TrainState(struct.PyTreeNode):
     if "params" not in variables:
       raise ValueError("variables must hold a 'params' collection (from "
                        f"model.init), got keys {sorted(variables)}")
+    others = sorted(set(variables) - {"params", FORGE_STATE})
+    if others:
+      raise ValueError(
+          f"variables holds the collections {others}, which TrainState does not "
+          "carry (the fused step has no mutable collections such as "
+          "batch_stats); they would be silently dropped. Use a model without "
+          "them (e.g. LayerNorm instead of BatchNorm)")
     params = variables["params"]
     forge_state = variables.get(FORGE_STATE, {})
     paths = fused_kernel_paths(forge_state)

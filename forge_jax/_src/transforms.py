@@ -166,10 +166,15 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
               for n, v, d in zip(rule.state_names, state_init, state_dtypes)}
     return state_cls(count=jnp.zeros([], jnp.int32), **arrays)
 
+  wd = hp.get("weight_decay", 0.0)
+  no_decay = not callable(wd) and not isinstance(wd, jax.core.Tracer) and float(wd) == 0
+
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError(f"{rule.name}: update needs params (for weight decay):"
-                       " call update(updates, state, params)")
+      if not no_decay:
+        raise ValueError(f"{rule.name}: update needs params (for weight decay):"
+                         " call update(updates, state, params)")
+      params = jax.tree.map(jnp.zeros_like, updates)  # unused: 0 * param
     count = optax.safe_increment(state.count)
     hpv = rule.hyperparams_f32(hp)
     count_f = count.astype(jnp.float32)
