@@ -23,6 +23,8 @@ Modes (AdamW's names; each optimizer stores its own states this way):
 * ``int8``: bf16 W with stochastic rounding, int8 states (absmax blocks of 64).
 
     python -m experiments.bench_fused_dw                       # 8B MLP, T=2048
+    python -m experiments.bench_fused_dw --shapes models --rules adamw \
+        --modes fp32,bf16-sr,int8 --autotune --torch           # the full sweep
     python -m experiments.bench_fused_dw --rules adamw --modes fp32 \\
         --shapes 8192:4096x14336
 
@@ -44,6 +46,7 @@ import numpy as np
 from forge_jax._src.fold import FoldAdamRule
 from forge_jax.rules import ALL_RULES
 from pallas_kernels import quantization
+from pallas_kernels.fused_dw import autotune
 from pallas_kernels.fused_dw import fused_dw_update
 from pallas_kernels.fused_dw import fused_dw_update_reference
 from pallas_kernels.fused_dw import weight_grad_reference
@@ -58,6 +61,10 @@ MODES = {
     "bf16-sr-bf16": (jnp.bfloat16, jnp.bfloat16, True),
     "int8": (jnp.bfloat16, jnp.int8, True),
 }
+# (in, out) of every linear layer of Llama-3.1-8B and Qwen3-14B: q/o, k/v
+# (GQA), gate/up, down.
+MODEL_SHAPES = ("4096x4096", "4096x1024", "4096x14336", "14336x4096",
+                "5120x5120", "5120x1024", "5120x17408", "17408x5120")
 HYPERPARAMS = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
                "threshold": 5.0, "weight_decay": 0.01, "decay": 0.9,
                "momentum": 0.9, "eps_root": 0.0, "scale": 0.25}
@@ -131,7 +138,43 @@ def _rel_err(got, want) -> float:
   return max(errs)
 
 
-def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False):
+def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int) -> float | None:
+  """PyTorch's step: dW = dYᵀ·x (bf16 GEMM, fp32 grad), then
+  ``torch.optim.AdamW(fused=True)`` on an fp32 weight; None without CUDA."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  if not torch.cuda.is_available():
+    return None
+  gen = torch.Generator(device="cuda").manual_seed(0)
+  xs = [torch.randn(t, d_in, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for _ in range(3)]
+  dys = [torch.randn(t, d_out, device="cuda", dtype=torch.bfloat16, generator=gen)
+         for _ in range(3)]
+  w = torch.nn.Parameter(torch.randn(d_out, d_in, device="cuda", generator=gen))
+  opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.01, fused=True)
+
+  def step(i):
+    w.grad = (dys[i % 3].t() @ xs[i % 3]).float()
+    opt.step()
+
+  for i in range(3):
+    step(i)
+  torch.cuda.synchronize()
+  times = []
+  for i in range(reps):
+    t0 = time.perf_counter()
+    step(i)
+    torch.cuda.synchronize()
+    times.append(time.perf_counter() - t0)
+  del xs, dys, w, opt
+  torch.cuda.empty_cache()
+  return float(np.median(times))
+
+
+def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
+               tune=False):
   """One (rule, mode, shape): checked, then unfused and fused timed."""
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
@@ -167,6 +210,9 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False):
     return jax.jit(step, donate_argnums=tuple(range(2, 2 + n)))
 
   unfused, fused = make("xla"), make("triton")
+  if tune:  # records the fastest tile in the cache; `fused` then uses it
+    autotune.autotune(*sets[0], w, state, hp, rule=rule, seed=seed,
+                      interpret=interpret, reps=max(5, reps // 3))
   copy = lambda: [jnp.copy(a) for a in _flat(w, state)]  # noqa: E731
   want = _unflat(unfused(*sets[0], *copy(), hp), like)
   got = _unflat(fused(*sets[0], *copy(), hp), like)
@@ -184,7 +230,13 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False):
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--shapes", default="2048:4096x14336",
-                 help="T:inxout, several separated by ','")
+                 help="T:inxout, several separated by ',', or 'models': the "
+                 "Llama-3.1-8B and Qwen3-14B linear shapes at T=512,2048,8192")
+  p.add_argument("--autotune", action="store_true",
+                 help="tune each case's tile first (cached, see "
+                 "pallas_kernels/fused_dw/autotune.py)")
+  p.add_argument("--torch", action="store_true",
+                 help="also time PyTorch dW + torch.optim.AdamW(fused=True)")
   p.add_argument("--rules", default=",".join(RULES),
                  help=f"comma-separated, from {sorted(RULES) + sorted(FOLD_RULES)}")
   p.add_argument("--modes", default=",".join(MODES),
@@ -205,7 +257,10 @@ def main(argv=None):
     if m not in MODES:
       raise SystemExit(f"--modes: {m!r} is not one of {list(MODES)}")
   shapes = []
-  for spec in a.shapes.split(","):
+  specs = a.shapes.split(",")
+  if a.shapes == "models":
+    specs = [f"{t}:{d}" for t in (512, 2048, 8192) for d in MODEL_SHAPES]
+  for spec in specs:
     t, dims = spec.split(":")
     d_in, d_out = dims.split("x")
     shapes.append((int(t), int(d_in), int(d_out)))
@@ -218,35 +273,41 @@ def main(argv=None):
             for _ in range(3)]
     flops = 2 * t * d_in * d_out
     t_dw = _time(jax.jit(weight_grad_reference), sets, a.reps)
+    t_torch = torch_adamw_seconds(t, d_in, d_out, a.reps) if a.torch else None
     for rule in rules:
       for mode in modes:
         try:
           r = bench_case(rule, mode, t, d_in, d_out, sets, a.reps, rng,
-                         a.interpret)
+                         a.interpret, a.autotune)
         except Exception as e:  # reported, not hidden: the table shows it
           r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
                    f"{str(e)[:200]}", bytes=float("nan"))
         floor = max(flops / flops_peak, r["bytes"] / bw_peak)
-        rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor, **r))
+        rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor,
+                         torch_adamw_s=t_torch, **r))
         print(json.dumps(rows[-1]), flush=True)
 
   print(f"\nmeasured peaks: {flops_peak / 1e12:.0f} TFLOP/s (bf16 matmul), "
         f"{bw_peak / 1e12:.2f} TB/s; {jax.devices()[0].device_kind}, "
         f"jax {jax.__version__}")
   print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
-        "fused ms | fused % of floor | fused vs unfused | TFLOP/s | rel err |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "torch AdamW ms | fused ms | fused % of floor | fused vs unfused | "
+        "fused vs torch | TFLOP/s | rel err |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     t, d_in, d_out = r["shape"]
     if "error" in r:
-      print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | | | | | | | | "
+      print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | | | | | | | | | | "
             f"{r['error']} |")
       continue
+    torch_s = r["torch_adamw_s"] if (r["rule"], r["mode"]) == ("adamw", "fp32") else None
+    torch_ms = f"{torch_s * 1e3:.3f}" if torch_s else ""
+    vs_torch = f"{torch_s / r['fused_s']:.2f}x" if torch_s else ""
     print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | "
           f"{r['floor_s'] * 1e3:.3f} | {r['xla_dw_s'] * 1e3:.3f} | "
-          f"{r['unfused_s'] * 1e3:.3f} | {r['fused_s'] * 1e3:.3f} | "
+          f"{r['unfused_s'] * 1e3:.3f} | {torch_ms} | {r['fused_s'] * 1e3:.3f} | "
           f"{100 * r['floor_s'] / r['fused_s']:.0f}% | "
-          f"{r['unfused_s'] / r['fused_s']:.2f}x | "
+          f"{r['unfused_s'] / r['fused_s']:.2f}x | {vs_torch} | "
           f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | {r['rel_err']:.1e} |")
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, f"bench_fused_dw_{int(time.time())}.json")

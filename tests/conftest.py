@@ -9,6 +9,12 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_force_host_platform_device_count=2").strip()
 
+# The fused kernel's tuning cache (pallas_kernels/fused_dw/autotune.py): a
+# fresh, empty one for the test session, never the user's.
+import tempfile  # noqa: E402
+os.environ["FORGE_JAX_AUTOTUNE_CACHE"] = os.path.join(
+    tempfile.mkdtemp(prefix="forge_jax_tune_"), "fused_dw_autotune.json")
+
 import jax
 import numpy as np
 import pytest

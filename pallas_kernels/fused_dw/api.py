@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import quantization
+from pallas_kernels.fused_dw import autotune
 from pallas_kernels.fused_dw import kernel_triton
 from pallas_kernels.fused_dw.kernel_triton import FusedDWConfig
 from pallas_kernels.fused_dw.reference import fused_dw_update_reference
@@ -144,7 +145,9 @@ def fused_dw_update(
     implementation: ``'xla'`` (unfused reference), ``'triton'`` (Pallas
       kernel; needs a GPU unless ``interpret``) or ``None`` (the kernel on a
       GPU, the reference elsewhere).
-    config: tile configuration of the kernel; ``FusedDWConfig.default`` if None.
+    config: tile configuration of the kernel; if None, the one recorded by
+      ``pallas_kernels.fused_dw.autotune.autotune`` for this op (device,
+      shapes, dtypes, rule, state formats), else ``FusedDWConfig.default``.
     interpret: run the Pallas kernel in interpret mode (for CPU tests).
     seed: uint32 scalar for stochastic rounding of a bfloat16 ``w``: element
       (i, j) uses the bits ``precision.random_bits(seed, count, i * out + j)``,
@@ -180,8 +183,11 @@ def fused_dw_update(
   min_block_n = max(rule.min_block_n,
                     quantization.BLOCK_SIZE * widen if quantized else 16)
   if config is None:
-    config = FusedDWConfig.default(x.shape[0], *w.shape, x.dtype,
-                                   min_block_n=min_block_n)
+    # A configuration tuned for this exact op (autotune.py), else the heuristic.
+    config = autotune.lookup(autotune.cache_key(x, w, state, rule, seed is not None))
+    if config is None or config.block_n % min_block_n:
+      config = FusedDWConfig.default(x.shape[0], *w.shape, x.dtype,
+                                     min_block_n=min_block_n)
   elif config.block_n % min_block_n:
     raise ValueError(
         f"config.block_n={config.block_n} must be a multiple of {min_block_n} "
