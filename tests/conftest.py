@@ -45,3 +45,64 @@ def on_cpu():
   """Runs a test on host CPUs (the 2-device mesh tests), also on a GPU machine."""
   with jax.default_device(jax.devices("cpu")[0]):
     yield
+
+
+# ---------------------------------------------------------------------------
+# Fused against unfused: the same two-layer MLP trained by a fused step and by
+# flax Dense + the same optax transform on materialized gradients.
+
+import flax.linen as nn  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+import forge_jax as fj  # noqa: E402
+
+
+class TwoLayerMLP(nn.Module):
+  """x (..., 13) -> tanh(fc1) -> fc2: ForgeDense layers, or flax Dense."""
+
+  optimizer: object = None
+  fused: bool = True
+  widths: tuple = (19, 7)
+  param_dtype: object = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    def dense(f, name):
+      if self.fused:
+        return fj.ForgeDense(f, optimizer=self.optimizer, name=name,
+                             param_dtype=self.param_dtype)
+      return nn.Dense(f, name=name, param_dtype=self.param_dtype)
+    return dense(self.widths[1], "fc2")(nn.tanh(dense(self.widths[0], "fc1")(x)))
+
+
+def fused_and_unfused(rng, make_tx, *, implementation, interpret, widths=(19, 7),
+                      steps=5):
+  """Trains both for ``steps`` from one init; returns
+  ``(fused_state, unfused_params, unfused_opt_state, jit_cache_sizes)``."""
+  x = jnp.asarray(rng.standard_normal((3, 11, 13)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((3, 11, widths[1])), jnp.float32)
+  fused = TwoLayerMLP(make_tx(), widths=widths)
+  plain = TwoLayerMLP(fused=False, widths=widths)
+  v = fused.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=fused.apply,
+                               variables=jax.tree.map(jnp.copy, v), tx=make_tx())
+  step = fj.make_train_step(
+      lambda vv, b: jnp.mean((fused.apply(vv, b[0]) - b[1]) ** 2),
+      implementation=implementation, interpret=interpret)
+  tx = make_tx()
+  params = jax.tree.map(jnp.copy, v["params"])
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def plain_step(params, opt_state):
+    g = jax.grad(lambda p: jnp.mean((plain.apply({"params": p}, x) - y) ** 2))(params)
+    u, opt_state = tx.update(g, opt_state, params)
+    return optax.apply_updates(params, u), opt_state
+
+  sizes = []
+  for _ in range(steps):
+    state, _ = step(state, (x, y))
+    params, opt_state = plain_step(params, opt_state)
+    sizes.append(step._cache_size())  # pylint: disable=protected-access
+  return state, params, opt_state, sizes

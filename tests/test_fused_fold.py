@@ -1,6 +1,5 @@
 """FOAM inside FORGE: fold_adam's folded moments updated in the fused epilogue."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +7,7 @@ import optax
 import pytest
 
 from conftest import ON_GPU
+from conftest import fused_and_unfused
 from conftest import rel_err
 import forge_jax as fj
 from forge_jax._src.fold import FoldAdamRule
@@ -21,43 +21,9 @@ IMPLEMENTATIONS = [("xla", False), ("triton", True)] + (
 LR = optax.linear_schedule(3e-2, 3e-3, 8)
 
 
-class MLP(nn.Module):
-  optimizer: object = None
-  fused: bool = True
-  widths: tuple = (70, 7)
-
-  @nn.compact
-  def __call__(self, x):
-    def dense(f, name):
-      if self.fused:
-        return fj.ForgeDense(f, optimizer=self.optimizer, name=name)
-      return nn.Dense(f, name=name)
-    return dense(self.widths[1], "fc2")(nn.tanh(dense(self.widths[0], "fc1")(x)))
-
-
-def _fused_and_unfused(rng, make, implementation, interpret, widths=(70, 7), steps=5):
-  x = jnp.asarray(rng.standard_normal((3, 11, 13)), jnp.float32)
-  y = jnp.asarray(rng.standard_normal((3, 11, widths[1])), jnp.float32)
-  fused, plain = MLP(make(), widths=widths), MLP(fused=False, widths=widths)
-  v = fused.init(jax.random.key(0), x)
-  state = fj.TrainState.create(apply_fn=fused.apply, variables=jax.tree.map(jnp.copy, v),
-                               tx=make())
-  step = fj.make_train_step(
-      lambda vv, b: jnp.mean((fused.apply(vv, b[0]) - b[1]) ** 2),
-      implementation=implementation, interpret=interpret)
-  tx = make()
-  params = jax.tree.map(jnp.copy, v["params"])
-  opt_state = tx.init(params)
-
-  @jax.jit
-  def plain_step(params, opt_state):
-    g = jax.grad(lambda p: jnp.mean((plain.apply({"params": p}, x) - y) ** 2))(params)
-    u, opt_state = tx.update(g, opt_state, params)
-    return optax.apply_updates(params, u), opt_state
-
-  for _ in range(steps):
-    state, _ = step(state, (x, y))
-    params, opt_state = plain_step(params, opt_state)
+def _fused_and_unfused(rng, make, implementation, interpret, widths=(70, 7)):
+  state, params, opt_state, _ = fused_and_unfused(
+      rng, make, implementation=implementation, interpret=interpret, widths=widths)
   return state, params, opt_state
 
 

@@ -11,13 +11,13 @@ Hyperparameter mapping to optax (names and defaults are optax's):
   sgd      -> optax.sgd(lr, momentum=None / momentum, nesterov)  (weight_decay=0)
 """
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from conftest import fused_and_unfused
 from conftest import rel_err
 import forge_jax as fj
 from forge_jax.rules import ALL_RULES
@@ -74,49 +74,16 @@ def test_matches_optax_builtin(rng, name):
     assert rel_err(p1[k], p2[k]) < 1e-5, k
 
 
-class MLP(nn.Module):
-  optimizer: object = None
-  fused: bool = True
-
-  @nn.compact
-  def __call__(self, x):
-    def dense(f, name):
-      if self.fused:
-        return fj.ForgeDense(f, optimizer=self.optimizer, name=name)
-      return nn.Dense(f, name=name)
-    return dense(7, "fc2")(nn.tanh(dense(19, "fc1")(x)))
-
-
 @pytest.mark.parametrize("implementation,interpret", [("xla", False), ("triton", True)])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_fused_matches_the_same_transform_unfused(rng, name, implementation, interpret):
   ours_fn, _ = OPTIMIZERS[name]
-  x = jnp.asarray(rng.standard_normal((3, 11, 13)), jnp.float32)
-  y = jnp.asarray(rng.standard_normal((3, 11, 7)), jnp.float32)
-  fused, plain = MLP(ours_fn()), MLP(fused=False)
-  v = fused.init(jax.random.key(0), x)
-  state = fj.TrainState.create(apply_fn=fused.apply, variables=jax.tree.map(jnp.copy, v),
-                               tx=ours_fn())
-  step = fj.make_train_step(
-      lambda vv, b: jnp.mean((fused.apply(vv, b[0]) - b[1]) ** 2),
-      implementation=implementation, interpret=interpret)
-  tx = ours_fn()
-  params = jax.tree.map(jnp.copy, v["params"])
-  opt_state = tx.init(params)
-
-  @jax.jit
-  def plain_step(params, opt_state):
-    g = jax.grad(lambda p: jnp.mean((plain.apply({"params": p}, x) - y) ** 2))(params)
-    u, opt_state = tx.update(g, opt_state, params)
-    return optax.apply_updates(params, u), opt_state
-
-  for _ in range(5):
-    state, _ = step(state, (x, y))
-    params, opt_state = plain_step(params, opt_state)
+  state, params, _, sizes = fused_and_unfused(
+      rng, ours_fn, implementation=implementation, interpret=interpret)
   for layer in ("fc1", "fc2"):
     for leaf in ("kernel", "bias"):
       assert rel_err(state.params[layer][leaf], params[layer][leaf]) <= 1e-5, (layer, leaf)
-  assert step._cache_size() == 1
+  assert sizes[-1] == 1  # a schedule of the step count does not recompile
 
 
 @pytest.mark.parametrize("rule", ALL_RULES, ids=lambda r: r.name)

@@ -1,7 +1,8 @@
 """Optimizer state stored as bf16 or int8 (absmax blocks of 64): the quantizer,
 the kernel against its reference, fused against unfused, checkpoints."""
 
-import flax.linen as nn
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +10,8 @@ import optax
 import pytest
 
 from conftest import ON_GPU
+from conftest import TwoLayerMLP
+from conftest import fused_and_unfused
 from conftest import rel_err
 import forge_jax as fj
 from forge_jax.rules import ALL_RULES
@@ -257,21 +260,7 @@ def test_kernel_with_int8_state_lowers_to_triton_with_aliases():
 # ForgeDense and the fused step with low-precision state.
 
 
-class MLP(nn.Module):
-  optimizer: object = None
-  fused: bool = True
-  param_dtype: object = jnp.float32
-
-  @nn.compact
-  def __call__(self, x):
-    def dense(f, name):
-      if self.fused:
-        return fj.ForgeDense(f, optimizer=self.optimizer, name=name,
-                             param_dtype=self.param_dtype)
-      return nn.Dense(f, name=name, param_dtype=self.param_dtype)
-    return dense(7, "fc2")(nn.tanh(dense(70, "fc1")(x)))
-
-
+MLP = functools.partial(TwoLayerMLP, widths=(70, 7))
 LR = optax.linear_schedule(3e-2, 3e-3, 8)
 LOW_PRECISION = {
     "adamw_int8": lambda: fj.adamw(LR, weight_decay=0.1, mu_dtype=jnp.int8,
@@ -290,31 +279,9 @@ LOW_PRECISION = {
 @pytest.mark.parametrize("name", sorted(LOW_PRECISION))
 def test_fused_matches_unfused_with_low_precision_state(rng, name, implementation,
                                                         interpret):
-  make = LOW_PRECISION[name]
-  x = jnp.asarray(rng.standard_normal((3, 11, 13)), jnp.float32)
-  y = jnp.asarray(rng.standard_normal((3, 11, 7)), jnp.float32)
-  fused, plain = MLP(make()), MLP(fused=False)
-  v = fused.init(jax.random.key(0), x)
-  state = fj.TrainState.create(apply_fn=fused.apply, variables=jax.tree.map(jnp.copy, v),
-                               tx=make())
-  step = fj.make_train_step(
-      lambda vv, b: jnp.mean((fused.apply(vv, b[0]) - b[1]) ** 2),
-      implementation=implementation, interpret=interpret)
-  tx = make()
-  params = jax.tree.map(jnp.copy, v["params"])
-  opt_state = tx.init(params)
-
-  @jax.jit
-  def plain_step(params, opt_state):
-    g = jax.grad(lambda p: jnp.mean((plain.apply({"params": p}, x) - y) ** 2))(params)
-    u, opt_state = tx.update(g, opt_state, params)
-    return optax.apply_updates(params, u), opt_state
-
-  sizes = []
-  for _ in range(5):
-    state, _ = step(state, (x, y))
-    params, opt_state = plain_step(params, opt_state)
-    sizes.append(step._cache_size())
+  state, params, _, sizes = fused_and_unfused(
+      rng, LOW_PRECISION[name], implementation=implementation, interpret=interpret,
+      widths=(70, 7))
   for layer in ("fc1", "fc2"):
     for leaf in ("kernel", "bias"):
       assert rel_err(state.params[layer][leaf], params[layer][leaf]) <= 1e-5, (layer, leaf)
