@@ -6,6 +6,7 @@ tests that do compute share one initialized TINY model.
 """
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -149,6 +150,10 @@ def test_bad_tokens_raise():
     {"n_heads": 2, "n_kv_heads": 2, "ffn_dim": 17, "n_layers": 3,
      "tie_embeddings": True},
     {"remat": True},
+    {"qk_norm": True},
+    {"attn_head_dim": 48},                  # heads wider than d_model / n_heads
+    {"scan_layers": True},
+    {"scan_layers": True, "remat": True},
 ])
 def test_num_params_matches_param_tree(overrides):
   cfg = dataclasses.replace(TINY, **overrides)
@@ -165,6 +170,63 @@ def test_num_params_matches_initialized_params(tiny):
 def test_presets_num_params_match_shapes(name):
   cfg = PRESETS[name]
   assert num_params(cfg) == _count(_abstract_init(cfg)["params"])
+
+
+def test_published_architectures_have_their_published_sizes():
+  assert num_params(PRESETS["llama3.1-8b"]) == 8_030_261_248
+  assert num_params(PRESETS["qwen3-14b"]) == 14_768_307_200
+  assert num_params(PRESETS["qwen3-32b"]) == 32_762_123_264
+
+
+def _stack_layers(params, n_layers):
+  """Unrolled layers_0..n-1 -> the scanned layout layers/block (stacked)."""
+  blocks = [params[f"layers_{i}"] for i in range(n_layers)]
+  rest = {k: v for k, v in params.items() if not k.startswith("layers_")}
+  return {**rest, "layers": {"block": jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)}}
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_scanned_layers_compute_the_unrolled_model(tiny, remat):
+  tokens, params, apply = tiny
+  scanned = Llama(dataclasses.replace(TINY, scan_layers=True, remat=remat))
+  stacked = _stack_layers(params, TINY.n_layers)
+  shapes = jax.tree.map(jnp.shape, scanned.init(jax.random.key(1), tokens)["params"])
+  assert jax.tree.map(jnp.shape, stacked) == shapes
+  want = apply(params, tokens)
+  got = scanned.apply({"params": stacked}, tokens)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_step_with_scanned_layers_equals_unrolled(tiny):
+  """ForgeDense under nn.scan: each layer's slice of the stacked kernels and
+  moments is updated by its own fused backward."""
+  import forge_jax as fj
+  tokens = tiny[0]
+  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2),
+                            implementation="xla")
+  unrolled = Llama(TINY, dense_cls=dense)
+  scanned = Llama(dataclasses.replace(TINY, scan_layers=True), dense_cls=dense)
+  v = unrolled.init(jax.random.key(0), tokens)
+  vs = {"params": _stack_layers(v["params"], TINY.n_layers),
+        "forge_state": _stack_layers(v["forge_state"], TINY.n_layers)}
+  batch = (tokens[:, :-1], tokens[:, 1:])
+
+  def run(model, variables):
+    state = fj.TrainState.create(apply_fn=model.apply, variables=variables,
+                                 tx=optax.adamw(1e-2))
+    step = fj.make_train_step(lambda vv, b: cross_entropy_loss(
+        model.apply(vv, b[0]), b[1]))
+    for _ in range(3):
+      state, m = step(state, batch)
+      assert bool(m["forge_backward_ok"])
+    return state
+
+  copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (the step donates)
+  a, b = run(unrolled, copy(v)), run(scanned, copy(vs))
+  np.testing.assert_allclose(
+      b.params["layers"]["block"]["mlp"]["up_proj"]["kernel"],
+      _stack_layers(a.params, TINY.n_layers)["layers"]["block"]["mlp"]["up_proj"]["kernel"],
+      rtol=1e-5, atol=1e-6)
 
 
 def test_preset_sizes_and_overrides():

@@ -87,6 +87,13 @@ class LlamaConfig:
     param_dtype: Storage dtype of the parameters.
     remat: If True, wrap each block in ``nn.remat`` (activation
       checkpointing): less memory, one extra forward pass per block.
+    attn_head_dim: Per-head width if not ``d_model // n_heads`` (Qwen3-32B:
+      64 heads of 128 on a 5120-wide stream); must be even.
+    qk_norm: RMSNorm over each head of q and k before RoPE (Qwen3), with
+      ``(head_dim,)`` scales ``q_norm`` / ``k_norm``.
+    scan_layers: Stack the blocks with ``nn.scan`` (one traced block; params
+      and ``forge_state`` under ``layers/block`` with a leading
+      ``(n_layers,)`` axis), the usual idiom of large JAX models.
 
   Raises:
     ValueError: If a field is invalid; the message names the field.
@@ -105,6 +112,9 @@ class LlamaConfig:
   dtype: DType = jnp.float32
   param_dtype: DType = jnp.float32
   remat: bool = False
+  attn_head_dim: int | None = None
+  qk_norm: bool = False
+  scan_layers: bool = False
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads",
@@ -112,7 +122,12 @@ class LlamaConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if self.d_model % self.n_heads != 0:
+    if self.attn_head_dim is not None:
+      if (not isinstance(self.attn_head_dim, int) or self.attn_head_dim <= 0
+          or self.attn_head_dim % 2):
+        raise ValueError(f"attn_head_dim must be a positive even int, got "
+                         f"{self.attn_head_dim!r}")
+    elif self.d_model % self.n_heads != 0:
       raise ValueError(
           f"d_model ({self.d_model}) must be divisible by n_heads "
           f"({self.n_heads})")
@@ -120,7 +135,7 @@ class LlamaConfig:
       raise ValueError(
           f"n_heads ({self.n_heads}) must be divisible by n_kv_heads "
           f"({self.n_kv_heads})")
-    if (self.d_model // self.n_heads) % 2 != 0:
+    if self.head_dim % 2 != 0:
       raise ValueError(
           f"head dim d_model // n_heads ({self.d_model // self.n_heads}) "
           "must be even for rotary embeddings")
@@ -131,8 +146,8 @@ class LlamaConfig:
 
   @property
   def head_dim(self) -> int:
-    """Per-head width Dh = ``d_model // n_heads``."""
-    return self.d_model // self.n_heads
+    """Per-head width Dh: ``attn_head_dim``, else ``d_model // n_heads``."""
+    return self.attn_head_dim or self.d_model // self.n_heads
 
   @property
   def n_rep(self) -> int:
@@ -156,12 +171,31 @@ def num_params(config: LlamaConfig) -> int:
           + config.n_heads * hd * d)         # o_proj
   mlp = 3 * d * config.ffn_dim               # gate_proj, up_proj, down_proj
   block = attn + mlp + 2 * d                 # + attn_norm, mlp_norm scales
+  if config.qk_norm:
+    block += 2 * hd                          # q_norm, k_norm scales
   embed = config.vocab_size * d
   lm_head = 0 if config.tie_embeddings else d * config.vocab_size
   return embed + config.n_layers * block + d + lm_head  # + final norm
 
 
 PRESETS: Dict[str, LlamaConfig] = {
+    # The published architectures, for memory and speed experiments with
+    # random weights (bf16 storage and compute). Qwen3 has QK-norm and
+    # 128-wide heads; all three have untied embeddings.
+    "llama3.1-8b": LlamaConfig(
+        vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+        ffn_dim=14336, max_seq_len=8192, rope_theta=500000.0, norm_eps=1e-5,
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16),
+    "qwen3-14b": LlamaConfig(
+        vocab_size=151936, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=8,
+        ffn_dim=17408, max_seq_len=8192, rope_theta=1000000.0, norm_eps=1e-6,
+        attn_head_dim=128, qk_norm=True, dtype=jnp.bfloat16,
+        param_dtype=jnp.bfloat16),
+    "qwen3-32b": LlamaConfig(
+        vocab_size=151936, d_model=5120, n_layers=64, n_heads=64, n_kv_heads=8,
+        ffn_dim=25600, max_seq_len=8192, rope_theta=1000000.0, norm_eps=1e-6,
+        attn_head_dim=128, qk_norm=True, dtype=jnp.bfloat16,
+        param_dtype=jnp.bfloat16),
     # Byte-level toy model that trains in minutes on a couple of CPU cores.
     # 853,120 parameters.
     "cpu-tiny": LlamaConfig(
@@ -323,6 +357,11 @@ class Attention(nn.Module):
     v = dense(k_heads * hd, "v_proj")(x).reshape(b, s, k_heads, hd)
 
     positions = jnp.arange(s, dtype=jnp.int32)
+    if cfg.qk_norm:
+      def head_norm(name):
+        return RMSNorm(eps=cfg.norm_eps, dtype=cfg.dtype,
+                       param_dtype=cfg.param_dtype, name=name)
+      q, k = head_norm("q_norm")(q), head_norm("k_norm")(k)
     q = apply_rotary_embedding(q, positions, cfg.rope_theta)
     k = apply_rotary_embedding(k, positions, cfg.rope_theta)
 
@@ -412,6 +451,18 @@ class Block(nn.Module):
 RematBlock = nn.remat(Block)
 
 
+class _ScanStep(nn.Module):
+  """One block as an ``nn.scan`` step: ``(x, None) -> (block(x), None)``."""
+
+  config: LlamaConfig
+  dense_cls: Callable[..., nn.Module] = nn.Dense
+
+  @nn.compact
+  def __call__(self, x, _):
+    block_cls = RematBlock if self.config.remat else Block
+    return block_cls(self.config, self.dense_cls, name="block")(x), None
+
+
 class Llama(nn.Module):
   """Llama-style decoder-only language model.
 
@@ -468,9 +519,14 @@ class Llama(nn.Module):
                      embedding_init=_normal(INIT_STD), name="embed")
     x = embed(tokens)
 
-    block_cls = RematBlock if cfg.remat else Block
-    for i in range(cfg.n_layers):
-      x = block_cls(cfg, self.dense_cls, name=f"layers_{i}")(x)
+    if cfg.scan_layers:
+      stack = nn.scan(_ScanStep, variable_axes={"params": 0, "forge_state": 0},
+                      split_rngs={"params": True}, length=cfg.n_layers)
+      x, _ = stack(cfg, self.dense_cls, name="layers")(x, None)
+    else:
+      block_cls = RematBlock if cfg.remat else Block
+      for i in range(cfg.n_layers):
+        x = block_cls(cfg, self.dense_cls, name=f"layers_{i}")(x)
 
     x = RMSNorm(eps=cfg.norm_eps, dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype, name="norm")(x)
