@@ -1,0 +1,180 @@
+"""Training memory of real model architectures on one GPU: optax vs FORGE.
+
+For a published architecture (``forge_jax.models.llama`` presets
+``llama3.1-8b``, ``qwen3-14b``, ``qwen3-32b``; random weights, bf16 storage
+and compute) and T tokens per step (batch 1), each variant is built, compiled
+and run in its own process, and reports XLA's ``memory_analysis()``
+(arguments, outputs, aliased, temp), the live ``peak_bytes_in_use`` after 3
+steps, the median step time and tokens/s:
+
+* ``optax``: flax Dense everywhere, ``optax.adamw`` with bf16 params and bf16
+  moments, params and state donated;
+* ``forge-bf16``: the 7 projections per block are ForgeDense (AdamW fused,
+  bf16 weights with stochastic rounding, bf16 moments), the rest AdamW with
+  bf16 moments;
+* ``forge-int8``: the same with int8 moments (absmax blocks of 64) for every
+  param;
+* ``forge-fold-int8``: FOAM inside the fused kernels (fold level 3, int8
+  folded moments), int8 moments for the embedding and head;
+
+each ``unrolled`` or ``scan`` (``nn.scan`` over the blocks), with or without
+per-block rematerialization (``remat``).
+
+    python -m experiments.memory_llama --model llama3.1-8b --tokens 2048
+    python -m experiments.memory_llama --model cpu-tiny --tokens 64   # smoke test
+
+Prints one markdown table last and writes JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+
+GiB = 1024**3
+OPTIMIZERS = ("optax", "forge-bf16", "forge-int8", "forge-fold-int8")
+LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
+
+
+def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
+            steps: int = 6) -> dict:
+  """Builds, compiles and runs one variant here; returns its measurements."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  import flax.linen as nn
+
+  import forge_jax as fj
+  from forge_jax.models import llama
+
+  cfg = llama.get_config(
+      model_name, max_seq_len=max(tokens, 8), remat="remat" in layout,
+      scan_layers=layout.startswith("scan"), dtype=jnp.bfloat16,
+      param_dtype=jnp.bfloat16)
+  lr = 1e-4
+  if optimizer == "optax":
+    dense, tx = nn.Dense, optax.adamw(lr, mu_dtype=jnp.bfloat16)
+  else:
+    moments = jnp.int8 if optimizer.endswith("int8") else jnp.bfloat16
+    kw = dict(mu_dtype=moments, nu_dtype=moments)
+    fused = (fj.fold_adam(lr, fold_level=3, **kw) if "fold" in optimizer
+             else fj.adamw(lr, **kw))
+    dense = functools.partial(fj.ForgeDense, optimizer=fused)
+    tx = fj.adamw(lr, **kw)
+  model = llama.Llama(cfg, dense_cls=dense)
+  batch = jax.random.randint(jax.random.key(1), (1, tokens + 1), 0, cfg.vocab_size)
+  batch = (batch[:, :-1], batch[:, 1:])
+  variables = jax.jit(model.init)(jax.random.key(0), batch[0])
+  state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
+  del variables
+
+  def loss_fn(v, b):
+    return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
+
+  if optimizer == "optax":
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def step(state, b):
+      loss, grads = jax.value_and_grad(
+          lambda p: loss_fn({"params": p}, b))(state.params)
+      updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+      return state.replace(step=state.step + 1,
+                           params=optax.apply_updates(state.params, updates),
+                           opt_state=opt_state), {"loss": loss}
+    lowered = step.lower(state, batch)
+  else:
+    step = fj.make_train_step(loss_fn, check_backward=False)
+    lowered = step.lower(state, batch)
+  compiled = lowered.compile()
+  ma = compiled.memory_analysis()
+  analysis = {k: int(getattr(ma, k, 0) or 0) for k in (
+      "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+      "temp_size_in_bytes")} if ma is not None else {}
+  state_bytes = sum(x.nbytes for x in jax.tree.leaves(
+      (state.opt_state, state.forge_state)))
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(state.params))
+  times = []
+  for i in range(steps):
+    t0 = time.perf_counter()
+    state, m = step(state, batch)
+    jax.block_until_ready(m["loss"])
+    times.append(time.perf_counter() - t0)
+    if not np.isfinite(float(m["loss"])):
+      raise FloatingPointError(f"loss {float(m['loss'])} at step {i}")
+  stats = jax.devices()[0].memory_stats() or {}
+  median = float(np.median(times[2:] or times))
+  return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
+              optimizer=optimizer, layout=layout, **analysis,
+              param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
+              peak_bytes=stats.get("peak_bytes_in_use"), step_s=median,
+              tokens_per_s=tokens / median, loss=float(m["loss"]),
+              device=jax.devices()[0].device_kind, jax=jax.__version__)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--model", default="llama3.1-8b")
+  p.add_argument("--tokens", default="2048", help="comma-separated T values")
+  p.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+  p.add_argument("--layouts", default="unrolled+remat,scan+remat")
+  p.add_argument("--steps", type=int, default=6)
+  p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
+  p.add_argument("--out", default="experiments/results")
+  p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
+  a = p.parse_args(argv)
+  if a.one:
+    t, opt, layout = a.one.split(":")
+    print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps)))
+    return None
+  rows = []
+  for t in [int(v) for v in a.tokens.split(",")]:
+    for opt in a.optimizers.split(","):
+      for layout in a.layouts.split(","):
+        if opt not in OPTIMIZERS or layout not in LAYOUTS:
+          raise SystemExit(f"unknown variant {opt}/{layout}; optimizers "
+                           f"{OPTIMIZERS}, layouts {LAYOUTS}")
+        cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
+               a.model, "--steps", str(a.steps), "--one", f"{t}:{opt}:{layout}"]
+        try:
+          proc = subprocess.run(cmd, capture_output=True, text=True,
+                                timeout=a.timeout)
+          line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+          row = (json.loads(line[-1][7:]) if line else dict(
+              model=a.model, tokens=t, optimizer=opt, layout=layout,
+              error=(proc.stderr.strip().splitlines() or ["?"])[-1][:300]))
+        except subprocess.TimeoutExpired:
+          row = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
+                     error=f"timeout after {a.timeout} s")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+  print(f"\n{a.model}: batch 1 × T tokens, bf16 params and compute")
+  print("| T | optimizer | layout | args GiB | temp GiB | alias GiB | live peak GiB | "
+        "params GiB | opt state GiB | step ms | tokens/s |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    if "error" in r:
+      print(f"| {r['tokens']} | {r['optimizer']} | {r['layout']} | {r['error']} |"
+            " | | | | | | |")
+      continue
+    g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
+    print(f"| {r['tokens']} | {r['optimizer']} | {r['layout']} | "
+          f"{g('argument_size_in_bytes')} | {g('temp_size_in_bytes')} | "
+          f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
+          f"{g('optimizer_state_bytes')} | {r['step_s'] * 1e3:.1f} | "
+          f"{r['tokens_per_s']:,.0f} |")
+  os.makedirs(a.out, exist_ok=True)
+  path = os.path.join(a.out, f"memory_{a.model}_{int(time.time())}.json")
+  with open(path, "w") as f:
+    json.dump(rows, f, indent=1)
+  print(f"wrote {path}")
+  return rows
+
+
+if __name__ == "__main__":
+  main()
