@@ -571,18 +571,29 @@ def pip_download(archive: RemoteArchive,
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
            "--no-cache-dir", "-q", "-d", str(dest_dir), "--require-hashes",
            "-r", str(requirements)]
-    try:
-      subprocess.run(cmd, check=True)
-    except (subprocess.CalledProcessError, OSError) as e:
-      raise DownloadError(
-          f"`pip download {archive.pip_spec}` (sha256 {archive.sha256}) "
-          f"failed ({e}); pip's output above says why. {_OFFLINE_HINT}"
-      ) from e
+    return _run_downloader(
+        cmd, f"pip download {archive.pip_spec}", "pip", archive, dest_dir,
+        detail=f" (sha256 {archive.sha256})")
+
+
+def _run_downloader(cmd, what: str, tool: str, archive: RemoteArchive,
+                    dest_dir: pathlib.Path, detail: str = "",
+                    **run_kw) -> pathlib.Path:
+  """Runs a download command; returns ``dest_dir / archive.filename``.
+
+  Raises:
+    DownloadError: if the command fails or does not produce the file.
+  """
+  try:
+    subprocess.run(cmd, check=True, **run_kw)
+  except (subprocess.CalledProcessError, OSError) as e:
+    raise DownloadError(
+        f"`{what}`{detail} failed ({e}); {tool}'s output above says why. "
+        f"{_OFFLINE_HINT}") from e
   path = dest_dir / archive.filename
   if not path.is_file():
     got = sorted(p.name for p in dest_dir.iterdir())
-    raise DownloadError(f"`pip download {archive.pip_spec}` did not produce "
-                        f"{archive.filename}; got {got}")
+    raise DownloadError(f"`{what}` did not produce {archive.filename}; got {got}")
   return path
 
 
@@ -622,19 +633,8 @@ def npm_pack(archive: RemoteArchive,
   with tempfile.TemporaryDirectory(prefix="forge_jax_npm_") as npm_cache:
     cmd = [npm, "pack", "--ignore-scripts", "--loglevel=warn",
            f"--cache={npm_cache}", archive.npm_spec]
-    try:
-      subprocess.run(cmd, check=True, cwd=dest_dir,
-                     stdout=subprocess.DEVNULL)
-    except (subprocess.CalledProcessError, OSError) as e:
-      raise DownloadError(
-          f"`npm pack {archive.npm_spec}` failed ({e}); npm's output above "
-          f"says why. {_OFFLINE_HINT}") from e
-  path = dest_dir / archive.filename
-  if not path.is_file():
-    got = sorted(p.name for p in dest_dir.iterdir())
-    raise DownloadError(f"`npm pack {archive.npm_spec}` did not produce "
-                        f"{archive.filename}; got {got}")
-  return path
+    return _run_downloader(cmd, f"npm pack {archive.npm_spec}", "npm", archive,
+                           dest_dir, cwd=dest_dir, stdout=subprocess.DEVNULL)
 
 
 def download_archive(archive: RemoteArchive,
