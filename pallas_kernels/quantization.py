@@ -173,14 +173,9 @@ def dequantize(q: QuantizedArray) -> jax.Array:
   codes = q.codes.reshape(1) if not shape else q.codes
   n = codes.shape[-1]
   scale = q.scale.reshape(codes.shape[:-1] + (num_blocks(n),))
-  fill = -_NONNEG_OFFSET if q.nonnegative else 0.0
-  pad = num_blocks(n) * BLOCK_SIZE - n
-  c = codes.astype(jnp.float32)
-  if pad:
-    c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)], constant_values=fill)
-  x = dequantize_blocks(c.reshape(c.shape[:-1] + (-1, BLOCK_SIZE)), scale,
-                        q.nonnegative)
-  return x.reshape(c.shape)[..., :n].reshape(shape)
+  c = _blocked(codes.astype(jnp.float32))  # padding lanes are cut off below
+  x = dequantize_blocks(c, scale, q.nonnegative)
+  return x.reshape(x.shape[:-2] + (-1,))[..., :n].reshape(shape)
 
 
 def as_float_view(x):
