@@ -124,6 +124,28 @@ def unfold(y: jax.Array, fold_level: int, n: int) -> jax.Array:
   return jnp.repeat(y, block, axis=-1)[..., :n]
 
 
+def _fold_direction(g, mu, nu, hp, block, nu_mode, residual, col_valid=None):
+  """:func:`fold_adam_blocks` on a (..., n) gradient; returns the (..., n)
+  direction and the new folded moments.
+
+  ``col_valid`` (n,) marks real columns (a kernel tile at the edge of W);
+  None means all n are real, a last partial block then averaging its own
+  elements. Both the optax transform and the fused rule step through here.
+  """
+  n = g.shape[-1]
+  gb = _blocks(g, block)
+  if col_valid is None:
+    inv_count, mask = _inv_counts(n, block), None
+    if n % block:
+      mask = (jnp.arange(gb.shape[-2] * block) < n).reshape(gb.shape[-2:])
+  else:
+    mask = _blocks(col_valid, block)
+    inv_count = 1.0 / jnp.maximum(jnp.sum(mask.astype(jnp.float32), -1), 1.0)
+  d, mu, nu = fold_adam_blocks(gb, inv_count, mask, mu, nu, hp,
+                               nu_mode=nu_mode, residual=residual)
+  return d.reshape(g.shape[:-1] + (-1,))[..., :n], mu, nu
+
+
 def bias_corrections(b1, b2, count):
   """(1 - b1^t, 1 - b2^t) in fp32, evaluated as ``optax.scale_by_adam`` does."""
   return _bias_correction(b1, count), _bias_correction(b2, count)
@@ -280,22 +302,9 @@ class FoldAdamRule:
       ``(new_param, (mu, nu))`` in fp32.
     """
     del count
-    block = self.block
-    rows, cols = grad.shape
-    if col_valid is None:
-      col_valid = jnp.ones((cols,), jnp.bool_)
-    pad = -cols % block
-    if pad:  # the whole-kernel reference; kernel tiles are whole blocks
-      grad = jnp.pad(grad, ((0, 0), (0, pad)))
-      col_valid = jnp.pad(col_valid, (0, pad))
-    gb = grad.reshape(rows, -1, block)
-    mask = col_valid.reshape(-1, block)
-    inv_count = 1.0 / jnp.maximum(jnp.sum(mask.astype(jnp.float32), -1), 1.0)
     mu, nu = state
-    direction, mu, nu = fold_adam_blocks(
-        gb, inv_count, mask[None], mu, nu, hp, nu_mode=self.nu_mode,
-        residual=self.residual)
-    direction = direction.reshape(rows, -1)[:, :cols]
+    direction, mu, nu = _fold_direction(grad, mu, nu, hp, self.block,
+                                        self.nu_mode, self.residual, col_valid)
     update = direction + hp["weight_decay"] * param
     return param + update * (-hp["learning_rate"]), (mu, nu)
 
@@ -403,16 +412,7 @@ def scale_by_fold_adam(
       nu = quantization.state_to_f32(nu_s)
       g32 = jnp.asarray(g).astype(jnp.float32)
       if is_folded(g32.shape):
-        n = g32.shape[-1]
-        gb = _blocks(g32, block)
-        mask = None
-        if n % block:
-          lane = jnp.arange(gb.shape[-2] * block).reshape(gb.shape[-2:])
-          mask = lane < n
-        d, mu, nu = fold_adam_blocks(
-            gb, _inv_counts(n, block), mask, mu, nu, hp,
-            nu_mode=nu_mode, residual=residual)
-        d = d.reshape(g32.shape[:-1] + (-1,))[..., :n]
+        d, mu, nu = _fold_direction(g32, mu, nu, hp, block, nu_mode, residual)
       else:  # plain Adam: blocks of one element
         d, mu, nu = fold_adam_blocks(
             g32[..., None], 1.0, None, mu, nu, hp,
