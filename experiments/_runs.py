@@ -6,6 +6,7 @@ crashed variant fail loudly without taking the others' numbers with it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -49,3 +50,31 @@ def describe(metrics: dict) -> str:
           f"({metrics['train_tokens']:,} train / {metrics['val_tokens']:,} val tokens), "
           f"{c['steps']} steps of {c['batch_size']}x{c['seq_len']} tokens, "
           f"{metrics['device']}, jax {metrics['jax']}")
+
+
+def add_arguments(p: argparse.ArgumentParser, *, name: str, variants: dict,
+                  sep: str, default_out: str) -> None:
+  """The flags every train_lm-comparison script shares."""
+  p.add_argument("--preset", default="cpu-tiny")
+  p.add_argument("--steps", type=int, default=None)
+  p.add_argument(f"--{name}", default=sep.join(variants),
+                 help=f"{sep!r}-separated, from {list(variants)}")
+  p.add_argument("--out", default=default_out)
+  p.add_argument("--table-only", action="store_true",
+                 help="print the table from existing runs under --out")
+  p.add_argument("extra", nargs=argparse.REMAINDER,
+                 help="after --, more train_lm flags for every run (e.g. --corpus)")
+
+
+def run_selected(a: argparse.Namespace, *, name: str, variants: dict,
+                 sep: str) -> dict[str, dict]:
+  """Runs the variants chosen by ``--<name>`` with the shared flags."""
+  chosen = getattr(a, name).split(sep)
+  for v in chosen:
+    if v not in variants:
+      raise SystemExit(f"--{name}: {v!r} is not one of {list(variants)}")
+  common = ["--preset", a.preset, *[x for x in a.extra if x != "--"]]
+  if a.steps is not None:
+    common += ["--steps", str(a.steps)]
+  return run_variants({v: variants[v] for v in chosen}, out=a.out,
+                      common=common, table_only=a.table_only)

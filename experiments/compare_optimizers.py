@@ -65,24 +65,10 @@ def _plot(results: dict[str, dict], path: str, title: str) -> None:
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--preset", default="cpu-tiny")
-  p.add_argument("--steps", type=int, default=None)
-  p.add_argument("--optimizers", default="|".join(OPTIMIZERS),
-                 help=f"'|'-separated, from {list(OPTIMIZERS)}")
-  p.add_argument("--out", default="runs/compare_optimizers")
-  p.add_argument("--table-only", action="store_true")
-  p.add_argument("extra", nargs=argparse.REMAINDER,
-                 help="after --, more train_lm flags for every run (e.g. --corpus)")
+  _runs.add_arguments(p, name="optimizers", variants=OPTIMIZERS, sep="|",
+                      default_out="runs/compare_optimizers")
   a = p.parse_args(argv)
-  names = a.optimizers.split("|")
-  for n in names:
-    if n not in OPTIMIZERS:
-      raise SystemExit(f"--optimizers: {n!r} is not one of {list(OPTIMIZERS)}")
-  common = ["--preset", a.preset, *[x for x in a.extra if x != "--"]]
-  if a.steps is not None:
-    common += ["--steps", str(a.steps)]
-  results = _runs.run_variants({n: OPTIMIZERS[n] for n in names}, out=a.out,
-                               common=common, table_only=a.table_only)
+  results = _runs.run_selected(a, name="optimizers", variants=OPTIMIZERS, sep="|")
   header = _runs.describe(next(iter(results.values())))
   base = results.get("adamw")
   print("\n" + header)

@@ -39,26 +39,10 @@ GiB = 1024**3
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--preset", default="cpu-tiny")
-  p.add_argument("--steps", type=int, default=None)
-  p.add_argument("--modes", default=",".join(MODES),
-                 help=f"comma-separated, from {list(MODES)}")
-  p.add_argument("--out", default="runs/precision_modes")
-  p.add_argument("--table-only", action="store_true",
-                 help="print the table from existing runs under --out")
-  p.add_argument("extra", nargs=argparse.REMAINDER,
-                 help="after --, more train_lm flags for every run")
+  _runs.add_arguments(p, name="modes", variants=MODES, sep=",",
+                      default_out="runs/precision_modes")
   a = p.parse_args(argv)
-  modes = a.modes.split(",")
-  for m in modes:
-    if m not in MODES:
-      raise SystemExit(f"--modes: {m!r} is not one of {list(MODES)}")
-  extra = [x for x in a.extra if x != "--"]
-  common = ["--preset", a.preset, *extra]
-  if a.steps is not None:
-    common += ["--steps", str(a.steps)]
-  results = _runs.run_variants({m: MODES[m] for m in modes}, out=a.out,
-                               common=common, table_only=a.table_only)
+  results = _runs.run_selected(a, name="modes", variants=MODES, sep=",")
 
   base = results.get("fp32")
   print("\n" + _runs.describe(next(iter(results.values()))))
