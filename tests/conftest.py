@@ -106,3 +106,28 @@ def fused_and_unfused(rng, make_tx, *, implementation, interpret, widths=(19, 7)
     params, opt_state = plain_step(params, opt_state)
     sizes.append(step._cache_size())  # pylint: disable=protected-access
   return state, params, opt_state, sizes
+
+
+def triton_text_with_int8_state(rule, t, d_in, d_out, min_block_n):
+  """StableHLO text of the compiled kernel path (lowered for CUDA, no GPU
+  needed) with bf16 operands and int8 mu/nu, W and both states donated."""
+  from pallas_kernels import quantization as q  # pylint: disable=g-import-not-at-top
+  from pallas_kernels.fused_dw import FusedDWConfig  # pylint: disable=g-import-not-at-top
+  from pallas_kernels.fused_dw import kernel_triton  # pylint: disable=g-import-not-at-top
+
+  def f(x, dy, w, mc, ms, nc, ns, hp):
+    state = (q.QuantizedArray(mc, ms), q.QuantizedArray(nc, ns, True))
+    return kernel_triton.fused_dw_update_triton(
+        x, dy, w, state, hp, rule=rule, interpret=False,
+        config=FusedDWConfig.default(t, d_in, d_out, jnp.bfloat16,
+                                     min_block_n=min_block_n))
+
+  sds = jax.ShapeDtypeStruct
+  shape = rule.state_shape((d_in, d_out))
+  codes = sds(shape, jnp.int8)
+  scales = sds(q.scale_shape(shape), jnp.float32)
+  args = ([sds((t, d_in), jnp.bfloat16), sds((t, d_out), jnp.bfloat16),
+           sds((d_in, d_out), jnp.bfloat16)] + [codes, scales] * 2
+          + [sds((rule.num_hyperparams,), jnp.float32)])
+  return jax.jit(f, donate_argnums=(2, 3, 4, 5, 6)).trace(*args).lower(
+      lowering_platforms=("cuda",)).as_text()

@@ -9,6 +9,7 @@ import pytest
 from conftest import ON_GPU
 from conftest import fused_and_unfused
 from conftest import rel_err
+from conftest import triton_text_with_int8_state
 import forge_jax as fj
 from forge_jax._src.fold import FoldAdamRule
 from pallas_kernels import quantization as q
@@ -117,22 +118,7 @@ def test_kernel_matches_reference(rng, fold_level, d_out, state_dtype, interpret
 
 
 def test_kernel_lowers_to_triton_with_folded_int8_state():
-  from pallas_kernels.fused_dw import kernel_triton
-  rule = FoldAdamRule(3)
-
-  def f(x, dy, w, mc, ms, nc, ns, hp):
-    state = (q.QuantizedArray(mc, ms), q.QuantizedArray(nc, ns, True))
-    return kernel_triton.fused_dw_update_triton(
-        x, dy, w, state, hp, rule=rule, interpret=False,
-        config=FusedDWConfig.default(64, 256, 1024, jnp.bfloat16, min_block_n=512))
-
-  sds = jax.ShapeDtypeStruct
-  codes, scales = sds((256, 128), jnp.int8), sds((256, 2), jnp.float32)
-  args = ([sds((64, 256), jnp.bfloat16), sds((64, 1024), jnp.bfloat16),
-           sds((256, 1024), jnp.bfloat16)] + [codes, scales] * 2
-          + [sds((rule.num_hyperparams,), jnp.float32)])
-  text = jax.jit(f, donate_argnums=(2, 3, 4, 5, 6)).trace(*args).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = triton_text_with_int8_state(FoldAdamRule(3), 64, 256, 1024, min_block_n=512)
   assert "__gpu$xla.gpu.triton" in text
   assert text.count("tf.aliasing_output") == 5
 

@@ -13,6 +13,7 @@ from conftest import ON_GPU
 from conftest import TwoLayerMLP
 from conftest import fused_and_unfused
 from conftest import rel_err
+from conftest import triton_text_with_int8_state
 import forge_jax as fj
 from forge_jax.rules import ALL_RULES
 from pallas_kernels import quantization as q
@@ -237,21 +238,7 @@ def test_int8_state_needs_tiles_of_whole_blocks(rng):
 
 
 def test_kernel_with_int8_state_lowers_to_triton_with_aliases():
-  from pallas_kernels.fused_dw import kernel_triton
-  rule = fj.rules.ADAMW
-
-  def f(x, dy, w, mc, ms, nc, ns, hp):
-    state = (q.QuantizedArray(mc, ms), q.QuantizedArray(nc, ns, True))
-    return kernel_triton.fused_dw_update_triton(
-        x, dy, w, state, hp, rule=rule, interpret=False,
-        config=FusedDWConfig.default(64, 256, 256, jnp.bfloat16, min_block_n=64))
-
-  sds = jax.ShapeDtypeStruct
-  codes, scales = sds((256, 256), jnp.int8), sds((256, 4), jnp.float32)
-  args = ([sds((64, 256), jnp.bfloat16)] * 2 + [sds((256, 256), jnp.bfloat16)]
-          + [codes, scales] * 2 + [sds((rule.num_hyperparams,), jnp.float32)])
-  text = jax.jit(f, donate_argnums=(2, 3, 4, 5, 6)).trace(*args).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = triton_text_with_int8_state(fj.rules.ADAMW, 64, 256, 256, min_block_n=64)
   assert "__gpu$xla.gpu.triton" in text
   assert text.count("tf.aliasing_output") == 5  # w, 2 codes, 2 scales in place
 
