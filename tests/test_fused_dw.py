@@ -195,3 +195,52 @@ def test_stochastic_rounding_is_tile_independent(rng):
           for bm, bn in ((16, 16), (32, 64), (64, 32))]
   for o in outs[1:]:
     np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(outs[0], np.float32))
+
+
+@pytest.mark.parametrize("transpose_x", [False, True])
+@pytest.mark.parametrize("t,d_in,d_out", [
+    (64, 32, 64),    # every axis divides by its block: the unmasked path
+    (37, 45, 19),    # none does: masked loads and stores
+])
+def test_unmasked_path_and_transposed_x(rng, transpose_x, t, d_in, d_out):
+  x, dy, w, state, hp = _inputs(rng, t, d_in, d_out, jnp.bfloat16)
+  cfg = FusedDWConfig(16, 32, 16, 2, 4, 1, transpose_x=transpose_x)
+  ref = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW)
+  got = fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation="triton",
+                        interpret=True, config=cfg)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+    assert bool(jnp.all(jnp.isfinite(a)))
+    assert rel_err(a, b) <= _tol(jnp.bfloat16, t)
+
+
+@pytest.mark.parametrize("d_out", [128, 100])
+def test_unmasked_path_with_int8_state(rng, d_out):
+  """int8 codes and scales on the unmasked path (128) and the masked one."""
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  x, dy, w, (mu, nu), hp = _inputs(rng, 32, 32, d_out, jnp.bfloat16)
+  state = (quantization.quantize(mu, False), quantization.quantize(nu, True))
+  ref = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW)
+  got = fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation="triton",
+                        interpret=True, config=FusedDWConfig(16, 64, 16, 2, 4, 1))
+  np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+  for g, r in zip(got[1], ref[1]):
+    np.testing.assert_array_equal(g.codes, r.codes)
+    np.testing.assert_allclose(g.scale, r.scale, rtol=1e-5)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+@pytest.mark.parametrize("int8", [False, True])
+def test_prefetched_epilogue_tiles(rng, prefetch, int8):
+  """W and states loaded before the token loop: the same result."""
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  x, dy, w, (mu, nu), hp = _inputs(rng, 37, 40, 100, jnp.bfloat16)
+  state = ((quantization.quantize(mu, False), quantization.quantize(nu, True))
+           if int8 else (mu, nu.astype(jnp.bfloat16)))
+  cfg = FusedDWConfig(16, 64, 16, 2, 4, 1, prefetch=prefetch)
+  ref = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW)
+  got = fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation="triton",
+                        interpret=True, config=cfg)
+  np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+  for g, r in zip(got[1], ref[1]):
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(r)):
+      assert rel_err(a.astype(jnp.float32), b.astype(jnp.float32)) <= 1e-5

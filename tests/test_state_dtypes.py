@@ -269,9 +269,14 @@ def test_fused_matches_unfused_with_low_precision_state(rng, name, implementatio
   state, params, _, sizes = fused_and_unfused(
       rng, LOW_PRECISION[name], implementation=implementation, interpret=interpret,
       widths=(70, 7))
+  # On the GPU the unfused gradient comes from XLA's dot and the fused one
+  # from another summation order; a last-bit difference can move an int8
+  # code by one step (1/127 of its block's max: measured 6e-5 on the H200
+  # after 8 steps), and bit-for-bit agreement is not expected there.
+  tol = 3e-4 if ON_GPU and "int8" in name else 1e-5
   for layer in ("fc1", "fc2"):
     for leaf in ("kernel", "bias"):
-      assert rel_err(state.params[layer][leaf], params[layer][leaf]) <= 1e-5, (layer, leaf)
+      assert rel_err(state.params[layer][leaf], params[layer][leaf]) <= tol, (layer, leaf)
   # The fused layers' state is stored as asked (int8 codes, not their view).
   dtypes = {x.dtype for x in jax.tree.leaves(state.forge_state["fc1"])}
   assert jnp.dtype(jnp.float8_e4m3fn) not in dtypes

@@ -7,8 +7,9 @@ fp32, then loads the W and state tiles, applies ``rule.update`` in registers
 and stores the new tiles into the buffers of the old ones
 (``input_output_aliases``). The gradient tile never leaves registers.
 
-Every load and store is masked: any T, in and out are allowed, and no element
-outside the arrays is read or written. Optimizer state may be fp32, bf16 or
+Loads and stores are masked unless the axes divide by their blocks (decided
+at trace time): any T, in and out are allowed, and no element outside the
+arrays is read or written. Optimizer state may be fp32, bf16 or
 int8 (codes plus one fp32 scale per 64 elements, quantized in the epilogue),
 and may be narrower than W: a rule's ``state_cols`` maps the tile's columns
 to its state's (folded moments keep bn / 2**l columns per tile).
@@ -47,6 +48,12 @@ class FusedDWConfig:
     group_m: tile rows per L2 group of the 1-D grid ordering.
     num_warps: warps per program.
     num_stages: software-pipelining depth of the token loop.
+    transpose_x: pass x to the kernel as xᵀ (in, T), transposed by XLA
+      beforehand, so that the matmul's A operand is contiguous along the
+      reduction axis (T); costs one copy of x.
+    prefetch: how many of the epilogue's input tiles (W, then the states in
+      order) are loaded before the token loop instead of after it, so that
+      their memory latency hides behind the matmul; each costs registers.
   """
 
   block_m: int = 128
@@ -55,6 +62,8 @@ class FusedDWConfig:
   group_m: int = 8
   num_warps: int = 8
   num_stages: int = 3
+  transpose_x: bool = False
+  prefetch: int = 0
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_t"):
@@ -64,6 +73,8 @@ class FusedDWConfig:
     for name in ("group_m", "num_warps", "num_stages"):
       if getattr(self, name) < 1:
         raise ValueError(f"FusedDWConfig.{name} must be >= 1")
+    if self.prefetch < 0:
+      raise ValueError(f"FusedDWConfig.prefetch={self.prefetch} must be >= 0")
 
   @classmethod
   def default(cls, t: int, d_in: int, d_out: int, dtype,
@@ -94,6 +105,13 @@ class FusedDWConfig:
     return cls(block_m=bm, block_n=bn, block_t=block_t, num_warps=num_warps)
 
 
+def _load(ref, mask):
+  """A tile load, masked (zeros outside) unless ``mask`` is None."""
+  if mask is None:
+    return plgpu.load(ref)
+  return plgpu.load(ref, mask=mask, other=jnp.zeros((), ref.dtype))
+
+
 def _split(refs, kinds):
   """Groups state refs: one per plain state, (codes, scale) per int8 state."""
   out, i = [], 0
@@ -118,9 +136,13 @@ def _fused_dw_kernel(
   state_refs, refs = _split(refs, kinds)
   w_out_ref, refs = refs[0], refs[1:]
   state_out_refs, _ = _split(refs, kinds)
-  t, d_in = x_ref.shape
+  t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
   d_out = dy_ref.shape[1]
   bm, bn, bt = config.block_m, config.block_n, config.block_t
+  # Static: when every axis divides by its block, the token loop's loads
+  # need no masks (cheaper address arithmetic, better pipelining).
+  even_t = t % bt == 0
+  even_mn = d_in % bm == 0 and d_out % bn == 0
 
   # L2-grouped ordering of the 1-D grid: group_m tile rows share x blocks.
   pid = pl.program_id(0)
@@ -141,19 +163,24 @@ def _fused_dw_kernel(
   def body(k, acc):
     tok = k * bt + jnp.arange(bt)
     tok_mask = tok < t
-    x = plgpu.load(x_ref.at[pl.ds(k * bt, bt), pl.ds(pid_m * bm, bm)],
-                   mask=tok_mask[:, None] & row_mask[None, :], other=0.0)
-    dy = plgpu.load(dy_ref.at[pl.ds(k * bt, bt), pl.ds(pid_n * bn, bn)],
-                    mask=tok_mask[:, None] & col_mask[None, :], other=0.0)
-    return acc + plgpu.dot(x, dy, trans_a=True, precision=precision)
+    x_mask = dy_mask = None
+    if not (even_t and even_mn):
+      x_mask = (row_mask[:, None] & tok_mask[None, :] if config.transpose_x
+                else tok_mask[:, None] & row_mask[None, :])
+      dy_mask = tok_mask[:, None] & col_mask[None, :]
+    if config.transpose_x:
+      x = _load(x_ref.at[pl.ds(pid_m * bm, bm), pl.ds(k * bt, bt)], x_mask)
+    else:
+      x = _load(x_ref.at[pl.ds(k * bt, bt), pl.ds(pid_m * bm, bm)], x_mask)
+    dy = _load(dy_ref.at[pl.ds(k * bt, bt), pl.ds(pid_n * bn, bn)], dy_mask)
+    return acc + plgpu.dot(x, dy, trans_a=not config.transpose_x,
+                           precision=precision)
 
-  grad = lax.fori_loop(
-      0, pl.cdiv(t, bt), body, jnp.zeros((bm, bn), jnp.float32))
 
   tile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * bn, bn))
   mask = row_mask[:, None] & col_mask[None, :]
-  hp, count = rule.unpack(hp_ref)
-  w = plgpu.load(w_ref.at[tile], mask=mask, other=0.0)
+  if even_mn:
+    mask = None
   # The state tile: bs columns of the state arrays (bn for an elementwise
   # rule, bn / 2**l for folded moments).
   bs = rule.state_cols(bn)
@@ -161,20 +188,30 @@ def _fused_dw_kernel(
   scol_mask = pid_n * bs + jnp.arange(bs) < d_state
   stile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * bs, bs))
   smask = row_mask[:, None] & scol_mask[None, :]
+  if even_mn and d_state % bs == 0:
+    smask = None
   # Scales of the int8 states: bs / 64 blocks per tile row.
   nb = max(bs // quantization.BLOCK_SIZE, 1)
   blocks = pid_n * nb + jnp.arange(nb)
   scale_tile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * nb, nb))
   scale_mask = row_mask[:, None] & (
       blocks < quantization.num_blocks(d_state))[None, :]
+  if smask is None and quantization.num_blocks(d_state) % nb == 0:
+    scale_mask = None
   block_view = (bm, nb, quantization.BLOCK_SIZE)
 
-  def load_state(r, kind):
+  def fetch_state(r, kind):
+    """The state tile as stored (a tile, or int8 codes and their scales)."""
     if kind == "plain":
-      return plgpu.load(r.at[stile], mask=smask, other=0.0).astype(jnp.float32)
+      return _load(r.at[stile], smask)
     codes_ref, scale_ref = r
-    codes = plgpu.load(codes_ref.at[stile], mask=smask, other=0)
-    scale = plgpu.load(scale_ref.at[scale_tile], mask=scale_mask, other=0.0)
+    return (_load(codes_ref.at[stile], smask),
+            _load(scale_ref.at[scale_tile], scale_mask))
+
+  def decode_state(kind, stored):
+    if kind == "plain":
+      return stored.astype(jnp.float32)
+    codes, scale = stored
     values = quantization.dequantize_blocks(
         codes.reshape(block_view), scale, kind == "nonneg")
     return values.reshape(bm, bs)
@@ -185,13 +222,27 @@ def _fused_dw_kernel(
       return
     codes_ref, scale_ref = r
     # Lanes outside the state are zeroed so they do not enter a block's absmax.
-    v = jnp.where(smask, v, 0.0).reshape(block_view)
+    if smask is not None:
+      v = jnp.where(smask, v, 0.0)
+    v = v.reshape(block_view)
     codes, scale = quantization.quantize_blocks(v, kind == "nonneg")
     plgpu.store(codes_ref.at[stile], codes.reshape(bm, bs).astype(jnp.int8),
                 mask=smask)
     plgpu.store(scale_ref.at[scale_tile], scale, mask=scale_mask)
 
-  state = tuple(load_state(r, k) for r, k in zip(state_refs, kinds))
+  # The epilogue's input tiles as stored (W, then each state), the first
+  # ``config.prefetch`` of them loaded before the token loop so that their
+  # memory latency overlaps the matmul (at the cost of registers); decoded
+  # to fp32 only after it.
+  loaders = [lambda: _load(w_ref.at[tile], mask)] + [
+      functools.partial(fetch_state, r, k) for r, k in zip(state_refs, kinds)]
+  early = [f() for f in loaders[:config.prefetch]]
+  grad = lax.fori_loop(
+      0, pl.cdiv(t, bt), body, jnp.zeros((bm, bn), jnp.float32))
+  stored = early + [f() for f in loaders[config.prefetch:]]
+  w = stored[0]
+  state = tuple(decode_state(k, v) for k, v in zip(kinds, stored[1:]))
+  hp, count = rule.unpack(hp_ref)
   new_w, new_state = rule.update_masked(
       grad, w.astype(jnp.float32), state, hp, count, col_mask)
   index = (rows[:, None] * d_out + cols[None, :]).astype(jnp.uint32)
@@ -235,7 +286,7 @@ def fused_dw_update_triton(
           num_warps=config.num_warps, num_stages=config.num_stages),
       interpret=interpret,
       name=f"forge_fused_dw_{rule.name}",
-  )(x, dy, hparams, *seeds, w, *flat_state)
+  )(x.T if config.transpose_x else x, dy, hparams, *seeds, w, *flat_state)
   new_state, i = [], 1
   for s in state:
     if isinstance(s, quantization.QuantizedArray):
