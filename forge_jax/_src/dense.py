@@ -107,6 +107,8 @@ class _Spec:
   interpret: bool
   context: FusedContext
   path: tuple[str, ...]
+  kernel_axes: tuple = (None, None)
+  mesh: Any = None
 
 
 def _matmul(spec: _Spec, x, kernel):
@@ -137,10 +139,9 @@ def _forge_linear_bwd(spec, residuals, dy):
       dy, kernel.astype(spec.compute_dtype),
       (((dy.ndim - 1,), (1,)), ((), ())), precision=spec.precision
   ).astype(x.dtype)
-  new_kernel, new_state = fused_dw.fused_dw_update(
-      x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]).astype(x.dtype),
-      kernel, state, hparams, rule=spec.rule,
-      implementation=spec.implementation, interpret=spec.interpret, seed=seed)
+  new_kernel, new_state = _sharded_update(
+      spec, x.reshape(-1, x.shape[-1]),
+      dy.reshape(-1, dy.shape[-1]).astype(x.dtype), kernel, state, hparams, seed)
   # The probe's cotangent counts how often this backward ran (1 when used
   # exactly once). Adding a zero that depends on dy makes it batched wherever
   # dy is, so under vmap the count is summed over the batch like the kernel's
@@ -152,6 +153,46 @@ def _forge_linear_bwd(spec, residuals, dy):
 
 
 _forge_linear.defvjp(_forge_linear_fwd, _forge_linear_bwd)
+
+
+def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
+  """The fused update, per shard of the kernel under tensor parallelism.
+
+  With ``kernel_axes = (a_in, a_out)`` the kernel (in, out) is split over the
+  mesh axes a_in (rows) and/or a_out (columns). Each device's dW shard needs
+  only its slice of x (T, in) and dY (T, out): xᵀ[rows]·dY[:, cols], so it
+  is computed and applied where the shard lives, with no communication.
+  The state is split like the kernel (a state narrower than the kernel, e.g.
+  folded moments, along the same axes); stochastic rounding uses each
+  element's global index, so the result equals the unsharded update.
+  """
+  a_in, a_out = spec.kernel_axes
+  d_in, d_out = kernel.shape
+  kw = dict(rule=spec.rule, implementation=spec.implementation,
+            interpret=spec.interpret)
+  if a_in is None and a_out is None:
+    return fused_dw.fused_dw_update(x, dy, kernel, state, hparams, seed=seed, **kw)
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  sizes = dict(spec.mesh.shape)
+  n_in = sizes[a_in] if a_in else 1
+  n_out = sizes[a_out] if a_out else 1
+  w_spec = P(a_in, a_out)
+
+  def local(x, dy, kernel, state, hparams, *seed):
+    row0 = lax.axis_index(a_in) * (d_in // n_in) if a_in else 0
+    col0 = lax.axis_index(a_out) * (d_out // n_out) if a_out else 0
+    return fused_dw.fused_dw_update(
+        x, dy, kernel, state, hparams, seed=seed[0] if seed else None,
+        index_offset=(row0, col0), index_width=d_out, **kw)
+
+  state_specs = tuple(w_spec for _ in state)
+  seeds = () if seed is None else (seed,)
+  return jax.shard_map(
+      local, mesh=spec.mesh,
+      in_specs=(P(None, a_in), P(None, a_out), w_spec, state_specs, P(),
+                *(P() for _ in seeds)),
+      out_specs=(w_spec, state_specs), check_vma=False,
+  )(x, dy, kernel, state, hparams, *seeds)
 
 
 # ---------------------------------------------------------------------------
@@ -202,6 +243,15 @@ class ForgeDense(nn.Module):
       ``rounding_seed`` variable, the step count and the element index), else
       round to nearest. Only the fused kernel: the bias and other unfused
       params are rounded by the step's optax ``tx`` (to nearest).
+    kernel_axes: tensor parallelism: the mesh axis names ``(in_axis,
+      out_axis)`` over which the kernel's rows and/or columns are split,
+      e.g. ``(None, 'model')`` column-parallel (Megatron's first MLP matmul)
+      or ``('model', None)`` row-parallel (its second). In a fused step run
+      under ``with jax.set_mesh(mesh):`` each device then computes its own
+      dW shard from its slices of x and dY and updates its kernel and state
+      shards in place (``jax.shard_map``), no all-reduce needed; the result
+      equals the unsharded step. Each axis must divide the kernel (and its
+      state: fold blocks and int8 blocks of 64 may not cross shards).
 
   Raises (at trace time, before anything is computed):
     TypeError: if ``optimizer`` is not a ForgeTransformation.
@@ -211,7 +261,11 @@ class ForgeDense(nn.Module):
       stored state's dtype is not the optimizer's, or the layer runs
       under ``shard_map``/``pmap``/a named ``vmap`` axis or an unnamed
       ``vmap`` that batches its inputs but not its kernel (each would sum or
-      split the fused update: data parallelism needs an all-reduce of dW).
+      split the fused update: data parallelism needs an all-reduce of dW);
+      if the context mesh has an axis of size > 1 that is not in
+      ``kernel_axes`` (data parallelism, refused for the same reason), or
+      ``kernel_axes`` names an axis the mesh lacks, or does not divide the
+      kernel or its state.
   """
 
   features: int
@@ -227,6 +281,7 @@ class ForgeDense(nn.Module):
   optimizer: transforms_lib.ForgeTransformation | None = None
   implementation: str | None = None
   stochastic_rounding: bool = True
+  kernel_axes: tuple = (None, None)
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -303,6 +358,7 @@ class ForgeDense(nn.Module):
     kernel = self.get_variable(FORGE_STATE, KERNEL_INPUT)
     _refuse_parallel_axes(where, inputs, kernel)
     state = tuple(self.get_variable(FORGE_STATE, n) for n in rule.state_names)
+    mesh = _check_kernel_axes(where, self.kernel_axes, kernel.shape, state, rule)
     for n, s, d in zip(rule.state_names, state, self.optimizer.state_dtypes):
       if quantization.state_storage_dtype(s) != d:
         raise ValueError(
@@ -315,7 +371,8 @@ class ForgeDense(nn.Module):
         self.implementation or ctx.implementation)
     spec = _Spec(rule=rule, compute_dtype=inputs.dtype,
                  precision=self.precision, implementation=implementation,
-                 interpret=ctx.interpret, context=ctx, path=path)
+                 interpret=ctx.interpret, context=ctx, path=path,
+                 kernel_axes=tuple(self.kernel_axes), mesh=mesh)
     hparams = self.optimizer.packed_hyperparams(ctx.step)
     seed = None
     if jnp.dtype(param_dtype) == jnp.bfloat16 and self.stochastic_rounding:
@@ -346,6 +403,69 @@ def _refuse_parallel_axes(where: str, inputs, kernel) -> None:
         f"ForgeDense at {where!r} runs under jax.vmap/nn.vmap with its inputs "
         "batched and its kernel shared: the per-example fused updates would be "
         "summed. Compute the loss on the whole batch instead")
+
+
+def _check_kernel_axes(where, kernel_axes, shape, state, rule):
+  """Validates tensor-parallel ``kernel_axes`` against the context mesh.
+
+  Returns the (abstract) mesh, or None without sharding. Refuses any mesh
+  axis of size > 1 that does not split the kernel: over such an axis
+  (data parallelism) each device would hold a whole copy of the kernel and
+  see only part of the batch, and the update needs dW all-reduced across it
+  first, which the fused kernel cannot do.
+  """
+  if not (isinstance(kernel_axes, (tuple, list)) and len(kernel_axes) == 2
+          and all(a is None or isinstance(a, str) for a in kernel_axes)):
+    raise ValueError(
+        f"ForgeDense at {where!r}: kernel_axes={kernel_axes!r} must be a pair "
+        "(in_axis, out_axis) of mesh axis names or None")
+  mesh = jax.sharding.get_abstract_mesh()
+  sizes = {} if getattr(mesh, "empty", True) else dict(mesh.shape)
+  named = [a for a in kernel_axes if a is not None]
+  for a in named:
+    if sizes and a not in sizes:
+      raise ValueError(
+          f"ForgeDense at {where!r}: kernel_axes names {a!r}, which is not an "
+          f"axis of the mesh {list(sizes)}")
+  data_axes = sorted(a for a, n in sizes.items() if n > 1 and a not in named)
+  if data_axes:
+    raise ValueError(
+        f"ForgeDense at {where!r}: the mesh has the axes {data_axes} of size > 1"
+        f" that do not split the kernel (kernel_axes={tuple(kernel_axes)}). "
+        "Data parallelism over them is not supported by the fused update: "
+        "each device would hold the whole kernel shard but only part of the "
+        "batch, and the optimizer step needs dW all-reduced over those axes "
+        "first. Use a mesh whose axes of size > 1 are all in kernel_axes "
+        "(tensor parallelism), or the unfused optax path for data parallelism")
+  if not named:
+    return None
+  if not sizes:
+    raise ValueError(
+        f"ForgeDense at {where!r}: kernel_axes={tuple(kernel_axes)} needs a "
+        "mesh: run the step under `with jax.set_mesh(mesh):`")
+  if len(set(named)) != len(named):
+    raise ValueError(f"ForgeDense at {where!r}: kernel_axes={tuple(kernel_axes)}"
+                     " names the same mesh axis twice")
+  n = [sizes[a] if a else 1 for a in kernel_axes]
+  if shape[0] % n[0] or shape[1] % n[1]:
+    raise ValueError(
+        f"ForgeDense at {where!r}: the kernel {tuple(shape)} does not split "
+        f"evenly over kernel_axes={tuple(kernel_axes)} of sizes {tuple(n)}")
+  local = (shape[0] // n[0], shape[1] // n[1])
+  full_state = rule.state_shape(tuple(shape))
+  local_state = rule.state_shape(local)
+  if (local_state[0] * n[0], local_state[1] * n[1]) != tuple(full_state):
+    raise ValueError(
+        f"ForgeDense at {where!r}: the optimizer state {tuple(full_state)} does "
+        f"not split into shards {local_state} of the kernel shards {local} "
+        "(a fold block would cross a shard boundary)")
+  if any(isinstance(s, quantization.QuantizedArray) for s in state) and (
+      local_state[1] % quantization.BLOCK_SIZE and n[1] > 1):
+    raise ValueError(
+        f"ForgeDense at {where!r}: int8 state needs each column shard's state "
+        f"width ({local_state[1]}) to be a multiple of "
+        f"{quantization.BLOCK_SIZE} (quantization blocks may not cross shards)")
+  return mesh
 
 
 def _axis_names():

@@ -94,6 +94,11 @@ class LlamaConfig:
     scan_layers: Stack the blocks with ``nn.scan`` (one traced block; params
       and ``forge_state`` under ``layers/block`` with a leading
       ``(n_layers,)`` axis), the usual idiom of large JAX models.
+    tensor_parallel_axis: Mesh axis name for Megatron-style tensor
+      parallelism of the fused projections: q/k/v and gate/up split by
+      columns, o and down by rows (``ForgeDense.kernel_axes``); run the
+      fused step under ``with jax.set_mesh(mesh):``. Needs ForgeDense
+      projections; heads, kv heads and ``ffn_dim`` must divide by the axis.
 
   Raises:
     ValueError: If a field is invalid; the message names the field.
@@ -115,6 +120,7 @@ class LlamaConfig:
   attn_head_dim: int | None = None
   qk_norm: bool = False
   scan_layers: bool = False
+  tensor_parallel_axis: str | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads",
@@ -316,11 +322,26 @@ def _normal(std: float) -> Callable[..., jax.Array]:
 
 
 def _projection(dense_cls, cfg: LlamaConfig, features: int, name: str,
-                std: float = INIT_STD) -> nn.Module:
-  """A bias-free projection built by ``dense_cls`` (flax Dense or ForgeDense)."""
-  return dense_cls(features=features, use_bias=False, dtype=cfg.dtype,
-                   param_dtype=cfg.param_dtype, kernel_init=_normal(std),
-                   name=name)
+                std: float = INIT_STD, split: str = "columns") -> nn.Module:
+  """A bias-free projection built by ``dense_cls`` (flax Dense or ForgeDense).
+
+  With ``cfg.tensor_parallel_axis`` its kernel is split over that axis by
+  ``split`` ('columns' or 'rows'), through ForgeDense's ``kernel_axes``.
+  """
+  kw = {}
+  if cfg.tensor_parallel_axis is not None:
+    a = cfg.tensor_parallel_axis
+    kw["kernel_axes"] = (None, a) if split == "columns" else (a, None)
+  try:
+    return dense_cls(features=features, use_bias=False, dtype=cfg.dtype,
+                     param_dtype=cfg.param_dtype, kernel_init=_normal(std),
+                     name=name, **kw)
+  except TypeError as e:
+    if kw:
+      raise ValueError(
+          "LlamaConfig.tensor_parallel_axis needs ForgeDense projections "
+          f"(dense_cls accepting kernel_axes): {e}") from e
+    raise
 
 
 class Attention(nn.Module):
@@ -380,7 +401,7 @@ class Attention(nn.Module):
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, h * hd)
 
     o_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-    return dense(cfg.d_model, "o_proj", o_std)(out)
+    return dense(cfg.d_model, "o_proj", o_std, split="rows")(out)
 
 
 class MLP(nn.Module):
@@ -412,7 +433,8 @@ class MLP(nn.Module):
     gate = dense(cfg.ffn_dim, "gate_proj")(x)
     up = dense(cfg.ffn_dim, "up_proj")(x)
     down_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-    return dense(cfg.d_model, "down_proj", down_std)(nn.silu(gate) * up)
+    return dense(cfg.d_model, "down_proj", down_std, split="rows")(
+        nn.silu(gate) * up)
 
 
 class Block(nn.Module):

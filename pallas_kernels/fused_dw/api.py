@@ -122,6 +122,8 @@ def fused_dw_update(
     config: FusedDWConfig | None = None,
     interpret: bool = False,
     seed: jax.Array | None = None,
+    index_offset: tuple = (0, 0),
+    index_width: int | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """Fused dW = xᵀ·dY and elementwise optimizer step (FORGE, arXiv 2606.22932).
 
@@ -152,6 +154,12 @@ def fused_dw_update(
     seed: uint32 scalar for stochastic rounding of a bfloat16 ``w``: element
       (i, j) uses the bits ``precision.random_bits(seed, count, i * out + j)``,
       so the result does not depend on the tile size.
+    index_offset: ``(row0, col0)``, integer scalars (may be traced): where
+      this ``w`` sits inside a larger weight of which it is one shard (tensor
+      parallelism); stochastic rounding then uses the global element index
+      ``(row0 + i) * index_width + col0 + j``, so a sharded update rounds
+      exactly like the unsharded one.
+    index_width: the larger weight's number of columns (default ``out``).
 
   Returns:
     ``(new_w, new_state)`` with the dtypes and shapes of ``w`` and ``state``.
@@ -166,11 +174,17 @@ def fused_dw_update(
   """
   state = tuple(state)
   _check_args(x, dy, w, state, hparams, rule, seed)
+  if len(index_offset) != 2:
+    raise ValueError(f"index_offset must be a pair (row0, col0), got {index_offset!r}")
+  if index_width is not None and index_width < w.shape[1]:
+    raise ValueError(f"index_width={index_width} must be at least w's number "
+                     f"of columns {w.shape[1]}")
   impl = resolve_implementation(implementation)
   if impl == "xla" or x.size == 0 or w.size == 0:
     # Empty operands (T = 0: dW = 0; or an empty W) need no kernel launch.
     return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule,
-                                     seed=seed)
+                                     seed=seed, index_offset=index_offset,
+                                     index_width=index_width)
   if not interpret and jax.default_backend() != "gpu":
     raise RuntimeError(
         "implementation='triton' needs a GPU backend (found "
@@ -196,4 +210,4 @@ def fused_dw_update(
             f"{quantization.BLOCK_SIZE} state columns)" if quantized else ""))
   return kernel_triton.fused_dw_update_triton(
       x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
-      seed=seed)
+      seed=seed, index_offset=index_offset, index_width=index_width)

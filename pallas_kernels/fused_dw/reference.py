@@ -43,6 +43,8 @@ def fused_dw_update_reference(
     *,
     rule,
     seed: jax.Array | None = None,
+    index_offset=(0, 0),
+    index_width: int | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """The fused op computed unfused: dW materialized, then ``rule.update``.
 
@@ -53,7 +55,10 @@ def fused_dw_update_reference(
   new_w, new_state = rule.update_masked(
       grad, w.astype(jnp.float32),
       tuple(quantization.state_to_f32(s) for s in state), hp, count)
-  index = lax.iota(jnp.uint32, w.size).reshape(w.shape)
+  width = w.shape[1] if index_width is None else index_width
+  rows = lax.iota(jnp.uint32, w.shape[0]) + jnp.asarray(index_offset[0]).astype(jnp.uint32)
+  cols = lax.iota(jnp.uint32, w.shape[1]) + jnp.asarray(index_offset[1]).astype(jnp.uint32)
+  index = rows[:, None] * jnp.uint32(width) + cols[None, :]
   return (round_weight(new_w, w.dtype, seed, count, index),
           tuple(quantization.state_from_f32(n, s)
                 for n, s in zip(new_state, state)))

@@ -1,0 +1,216 @@
+"""ForgeDense with its kernel split over a mesh axis (tensor parallelism).
+
+Two CPU devices (conftest sets --xla_force_host_platform_device_count=2):
+a column-parallel layer followed by a row-parallel one, trained by the fused
+step under ``jax.set_mesh``, against the same model on one device.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import forge_jax as fj
+from conftest import rel_err
+
+P = jax.sharding.PartitionSpec
+
+
+def _mesh(name="model"):
+  return jax.make_mesh((2,), (name,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices("cpu")[:2])
+
+
+class MegatronMLP(nn.Module):
+  """fc1 split by columns, fc2 by rows (the Megatron MLP), or unsplit."""
+
+  optimizer: object
+  axes: tuple = ((None, "model"), ("model", None))
+  width: int = 128
+  param_dtype: object = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    h = fj.ForgeDense(self.width, optimizer=self.optimizer, name="fc1",
+                      kernel_axes=self.axes[0], param_dtype=self.param_dtype)(x)
+    return fj.ForgeDense(6, optimizer=self.optimizer, name="fc2",
+                         kernel_axes=self.axes[1], param_dtype=self.param_dtype)(
+                             nn.gelu(h))
+
+
+def _train(model, variables, batch, *, mesh=None, steps=3, interpret=False,
+           implementation=None):
+  state = fj.TrainState.create(apply_fn=model.apply,
+                               variables=jax.tree.map(jnp.copy, variables),
+                               tx=model.optimizer)
+  step = fj.make_train_step(
+      lambda v, b: jnp.mean((model.apply(v, b[0]) - b[1]) ** 2),
+      implementation=implementation, interpret=interpret)
+  for _ in range(steps):
+    if mesh is None:
+      state, _ = step(state, batch)
+    else:
+      with jax.set_mesh(mesh):
+        state, _ = step(state, batch)
+  return state
+
+
+CASES = {
+    "adamw_fp32": (lambda: fj.adamw(1e-2, weight_decay=0.1), jnp.float32),
+    "adamw_bf16_sr": (lambda: fj.adamw(1e-2), jnp.bfloat16),
+    "adamw_int8": (lambda: fj.adamw(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8),
+                   jnp.float32),
+    "fold_adam_l2": (lambda: fj.fold_adam(1e-2, fold_level=2), jnp.float32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tensor_parallel_equals_one_device(rng, on_cpu, name):
+  make_tx, param_dtype = CASES[name]
+  x = jnp.asarray(rng.standard_normal((4, 5, 16)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((4, 5, 6)), jnp.float32)
+  split = MegatronMLP(make_tx(), param_dtype=param_dtype)
+  whole = MegatronMLP(make_tx(), axes=((None, None), (None, None)),
+                      param_dtype=param_dtype)
+  variables = whole.init(jax.random.key(0), x)
+  want = _train(whole, variables, (x, y))
+  mesh = _mesh()
+  got = _train(split, variables, (x, y), mesh=mesh)
+  # bf16: the same products and global rounding bits, but a last-bit
+  # difference in a shard's fp32 dW can move a rounding by one bf16 step.
+  tol = 2e-3 if param_dtype == jnp.bfloat16 else 1e-5
+  for a, b in zip(jax.tree.leaves((got.params, got.forge_state)),
+                  jax.tree.leaves((want.params, want.forge_state))):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if a.dtype == jnp.int8:  # codes: a last-bit difference may move one step
+      assert np.mean(np.asarray(a) != np.asarray(b)) < 0.01, name
+    elif a.size > 1:
+      assert rel_err(a.astype(jnp.float32), b.astype(jnp.float32)) <= tol, name
+  # Each device holds half of fc1's kernel (columns) and of fc2's (rows), and
+  # the new state is split like its kernel.
+  k1 = got.params["fc1"]["kernel"]
+  k2 = got.params["fc2"]["kernel"]
+  named = lambda *spec: jax.sharding.NamedSharding(mesh, P(*spec))  # noqa: E731
+  assert k1.sharding.is_equivalent_to(named(None, "model"), 2)
+  assert k2.sharding.is_equivalent_to(named("model", None), 2)
+  assert {s.data.shape for s in k1.addressable_shards} == {(16, 64)}
+  for leaf in jax.tree.leaves(got.forge_state["fc1"]):
+    if leaf.ndim == 2:  # mu, nu (or int8 codes and scales): split by columns
+      assert leaf.sharding.is_equivalent_to(named(None, "model"), 2), leaf.shape
+
+
+def test_tensor_parallel_kernel_interpret(rng, on_cpu):
+  """The Pallas kernel (interpret mode) inside shard_map: as one device."""
+  x = jnp.asarray(rng.standard_normal((2, 3, 16)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((2, 3, 6)), jnp.float32)
+  tx = lambda: fj.adamw(1e-2)  # noqa: E731
+  split = MegatronMLP(tx(), width=64)
+  whole = MegatronMLP(tx(), axes=((None, None), (None, None)), width=64)
+  variables = whole.init(jax.random.key(1), x)
+  want = _train(whole, variables, (x, y), steps=2, implementation="triton",
+                interpret=True)
+  got = _train(split, variables, (x, y), mesh=_mesh(), steps=2,
+               implementation="triton", interpret=True)
+  for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):
+    assert rel_err(a, b) <= 1e-5
+
+
+def test_bf16_stochastic_rounding_is_bit_exact_when_sharded(rng, on_cpu):
+  x = jnp.asarray(rng.standard_normal((4, 16)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+  tx = lambda: fj.sgd(1e-1)  # noqa: E731  (no state: only the rounding differs)
+  split = MegatronMLP(tx(), param_dtype=jnp.bfloat16)
+  whole = MegatronMLP(tx(), axes=((None, None), (None, None)),
+                      param_dtype=jnp.bfloat16)
+  variables = whole.init(jax.random.key(2), x)
+  want = _train(whole, variables, (x, y), steps=1)
+  got = _train(split, variables, (x, y), mesh=_mesh(), steps=1)
+  np.testing.assert_array_equal(
+      np.asarray(got.params["fc1"]["kernel"], np.float32),
+      np.asarray(want.params["fc1"]["kernel"], np.float32))
+
+
+def _step_error(model, x, mesh):
+  variables = model.init(jax.random.key(0), x)
+  with pytest.raises(ValueError) as e:
+    _train(model, variables, (x, jnp.zeros((2, 6))), mesh=mesh, steps=1)
+  return str(e.value)
+
+
+def test_data_parallel_axis_is_refused(on_cpu):
+  x = jnp.ones((2, 16))
+  msg = _step_error(MegatronMLP(fj.adamw(1e-2), axes=((None, None), (None, None))),
+                    x, _mesh("data"))
+  assert "'data'" in msg and "all-reduced" in msg
+
+
+@pytest.mark.parametrize("axes,width,match", [
+    (((None, "tensor"), ("tensor", None)), 128, "not an axis of the mesh"),
+    (((None, "model"), ("model", None)), 127, "does not split evenly"),
+    ((("model", "model"), (None, None)), 128, "same mesh axis twice"),
+])
+def test_bad_kernel_axes_are_refused(on_cpu, axes, width, match):
+  model = MegatronMLP(fj.adamw(1e-2), axes=axes, width=width)
+  assert match in _step_error(model, jnp.ones((2, 16)), _mesh())
+
+
+def test_kernel_axes_need_a_mesh(on_cpu):
+  model = MegatronMLP(fj.adamw(1e-2))
+  assert "jax.set_mesh" in _step_error(model, jnp.ones((2, 16)), None)
+
+
+def test_fold_block_crossing_a_shard_is_refused(on_cpu):
+  # 2 columns per shard of fc1's 4, fold blocks of 4: a block would straddle.
+  model = MegatronMLP(fj.fold_adam(1e-2, fold_level=2), width=4)
+  assert "fold block" in _step_error(model, jnp.ones((2, 16)), _mesh())
+
+
+def test_int8_blocks_crossing_a_shard_are_refused(on_cpu):
+  model = MegatronMLP(fj.adamw(1e-2, mu_dtype=jnp.int8), width=64)
+  assert "multiple of 64" in _step_error(model, jnp.ones((2, 16)), _mesh())
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_llama_tensor_parallel_equals_one_device(rng, on_cpu, scan_layers):
+  """LlamaConfig.tensor_parallel_axis: q/k/v/gate/up split by columns, o/down
+  by rows, under nn.scan too; 2 steps equal the unsharded model's."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from forge_jax.models.llama import Llama, LlamaConfig, cross_entropy_loss  # pylint: disable=g-import-not-at-top
+  cfg = LlamaConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                    ffn_dim=64, max_seq_len=16, scan_layers=scan_layers)
+  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2))
+  whole = Llama(cfg, dense_cls=dense)
+  split = Llama(dataclasses.replace(cfg, tensor_parallel_axis="model"),
+                dense_cls=dense)
+  tokens = jnp.asarray(rng.integers(0, 61, (2, 9)), jnp.int32)
+  variables = whole.init(jax.random.key(0), tokens[:, :-1])
+  batch = (tokens[:, :-1], tokens[:, 1:])
+
+  def run(model, mesh):
+    state = fj.TrainState.create(apply_fn=model.apply,
+                                 variables=jax.tree.map(jnp.copy, variables),
+                                 tx=optax.adamw(1e-2))
+    step = fj.make_train_step(lambda v, b: cross_entropy_loss(
+        model.apply(v, b[0]), b[1]))
+    for _ in range(2):
+      with jax.set_mesh(mesh) if mesh else _null():
+        state, m = step(state, batch)
+      assert bool(m["forge_backward_ok"])
+    return state
+
+  want, got = run(whole, None), run(split, _mesh())
+  for a, b in zip(jax.tree.leaves((got.params, got.forge_state)),
+                  jax.tree.leaves((want.params, want.forge_state))):
+    if a.size > 1:
+      assert rel_err(a, b) <= 1e-5
+  block = got.params["layers"]["block"] if scan_layers else got.params["layers_0"]
+  up = block["mlp"]["up_proj"]["kernel"]
+  assert {s.data.shape[-1] for s in up.addressable_shards} == {32}  # 64 / 2
+
+
+def _null():
+  import contextlib  # pylint: disable=g-import-not-at-top
+  return contextlib.nullcontext()
