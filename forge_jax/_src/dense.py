@@ -92,6 +92,26 @@ def fused_context(ctx: FusedContext) -> Iterator[FusedContext]:
     stack.pop()
 
 
+def _path_prefix() -> tuple[str, ...]:
+  return tuple(getattr(_LOCAL, "prefix", ()))
+
+
+@contextlib.contextmanager
+def path_prefix(prefix: tuple[str, ...]) -> Iterator[None]:
+  """Fused layers traced inside report their paths under ``prefix``.
+
+  For a block applied on its own (``Block(...).apply(variables, x)``, whose
+  module paths start at the block) on behalf of a parent that holds its
+  variables under ``prefix``; the fused step's bookkeeping uses full paths.
+  """
+  old = _path_prefix()
+  _LOCAL.prefix = old + tuple(prefix)
+  try:
+    yield
+  finally:
+    _LOCAL.prefix = old
+
+
 # ---------------------------------------------------------------------------
 # The custom_vjp.
 
@@ -338,7 +358,7 @@ class ForgeDense(nn.Module):
     return y
 
   def _fused_matmul(self, ctx: FusedContext, inputs, param_dtype):
-    path = tuple(self.scope.path)
+    path = _path_prefix() + tuple(self.scope.path)
     where = "/".join(path) or "<root module>"
     if param_dtype not in (jnp.float32, jnp.bfloat16):
       raise ValueError(f"ForgeDense at {where!r}: param_dtype={param_dtype} is "

@@ -33,10 +33,14 @@ import functools
 import math
 from typing import Any, Callable, Dict
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+
+from forge_jax._src import dense as dense_lib
+from forge_jax._src.inplace_scan import inplace_scan
 
 __all__ = [
     "LlamaConfig",
@@ -93,7 +97,10 @@ class LlamaConfig:
       ``(head_dim,)`` scales ``q_norm`` / ``k_norm``.
     scan_layers: Stack the blocks with ``nn.scan`` (one traced block; params
       and ``forge_state`` under ``layers/block`` with a leading
-      ``(n_layers,)`` axis), the usual idiom of large JAX models.
+      ``(n_layers,)`` axis), the usual idiom of large JAX models. In a fused
+      step the scanned blocks' kernels and moments are updated in place
+      (``forge_jax._src.inplace_scan``; each block rematerialized in the
+      backward pass), so scanning costs no second stack of them.
     tensor_parallel_axis: Mesh axis name for Megatron-style tensor
       parallelism of the fused projections: q/k/v and gate/up split by
       columns, o and down by rows (``ForgeDense.kernel_axes``); run the
@@ -544,7 +551,11 @@ class Llama(nn.Module):
     if cfg.scan_layers:
       stack = nn.scan(_ScanStep, variable_axes={"params": 0, "forge_state": 0},
                       split_rngs={"params": True}, length=cfg.n_layers)
-      x, _ = stack(cfg, self.dense_cls, name="layers")(x, None)
+      if (dense_lib.current_context() is not None and not self.is_initializing()
+          and "layers" in self.variables.get(dense_lib.FORGE_STATE, {})):
+        x = self._fused_scanned_layers(x)
+      else:
+        x, _ = stack(cfg, self.dense_cls, name="layers")(x, None)
     else:
       block_cls = RematBlock if cfg.remat else Block
       for i in range(cfg.n_layers):
@@ -559,6 +570,46 @@ class Llama(nn.Module):
                         param_dtype=cfg.param_dtype,
                         kernel_init=_normal(INIT_STD), name="lm_head")(x)
     return logits.astype(jnp.float32)
+
+
+  def _fused_scanned_layers(self, x: jax.Array) -> jax.Array:
+    """The scanned blocks in a fused step, updated in place (inplace_scan).
+
+    Under ``nn.scan`` the backward pass would collect every layer's new
+    kernels and moments (the fused layers' cotangents) into a fresh stacked
+    buffer beside the old one. Here the stacked ``layers/block`` variables
+    are the carry of a reverse loop that recomputes block i from its input
+    (per-block rematerialization, whatever ``config.remat`` says), runs its
+    fused backward and writes block i's new values into slice i.
+    """
+    cfg = self.config
+    params = flax.core.unfreeze(self.variables["params"]["layers"]["block"])
+    fstate = flax.core.unfreeze(
+        self.variables[dense_lib.FORGE_STATE]["layers"]["block"])
+    flat_p = flax.traverse_util.flatten_dict(params)
+    flat_f = flax.traverse_util.flatten_dict(fstate)
+    fused = {k[:-1] for k in flat_f if k[-1] == dense_lib.PROBE}
+    diff, const = {}, {}
+    for k, v in flat_p.items():
+      if not (k[-1] == "kernel" and k[:-1] in fused):  # fed from forge_state
+        diff[("params",) + k] = v
+    for k, v in flat_f.items():
+      # (an int8 QuantizedArray arrives as float8 codes and float32 scales)
+      floating = all(jnp.issubdtype(jnp.result_type(a), jnp.floating)
+                     for a in jax.tree.leaves(v))
+      (diff if floating else const)[(dense_lib.FORGE_STATE,) + k] = v
+    prefix = tuple(self.scope.path) + ("layers", "block")
+
+    def body(h, d, c):
+      flat = {**d, **c}
+      for p in fused:  # the params copy is not used by a fused layer's matmul
+        flat[("params",) + p + ("kernel",)] = flat[
+            (dense_lib.FORGE_STATE,) + p + (dense_lib.KERNEL_INPUT,)]
+      with dense_lib.path_prefix(prefix):
+        return Block(cfg, self.dense_cls).apply(
+            flax.traverse_util.unflatten_dict(flat), h)
+
+    return inplace_scan(body, x, diff, const)
 
 
 def cross_entropy_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:

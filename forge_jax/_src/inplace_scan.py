@@ -1,0 +1,108 @@
+"""A scan over stacked layers whose backward pass writes in place.
+
+Under ``lax.scan`` the cotangents of stacked per-layer inputs (weights, and in
+a fused step the *new* kernels and moments that fused layers return as
+cotangents) are collected into a fresh stacked buffer, so the backward pass
+holds the old stack and the new one at once: a temp of the full size of the
+stacked weights and states ("the gradient floor" of scanned models).
+
+:func:`inplace_scan` computes the same function, but its backward is a
+reverse ``fori_loop`` whose carry *is* the stacked input: step i reads layer
+i's slice (still the old values: layers below i have not been visited),
+recomputes layer i's forward from its saved input (per-layer
+rematerialization), takes the VJP, and writes layer i's cotangent into slice
+i with ``dynamic_update_slice``. XLA updates a while-loop carry in place, and
+the carry starts as the (donated) stacked input, so no second stack exists.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
+                 const: Any) -> Any:
+  """``carry = body(carry, diff[i], const[i])`` for i = 0 .. n-1; returns it.
+
+  Args:
+    body: ``(carry, diff_i, const_i) -> carry`` (same structure, shapes and
+      dtypes), a pure function; traced once forward and once backward.
+    carry: the initial carry (e.g. activations (B, S, D)).
+    diff: pytree of floating arrays with a leading layer axis n (stacked
+      weights and states); differentiated.
+    const: pytree of arrays with the same leading axis, not differentiated
+      (e.g. uint32 rounding seeds); its cotangent is zero.
+
+  Returns:
+    The final carry. Its VJP returns the cotangent of ``carry`` and, for
+    ``diff``, the stacked per-layer cotangents, written layer by layer into
+    the buffer that held ``diff`` (in place when ``diff`` is not used again).
+    The forward saves only each layer's input carry (n copies, as
+    ``jax.checkpoint`` per layer does).
+
+  Raises:
+    ValueError: if a leaf of ``diff`` is not floating, or the leading axes
+      differ.
+  """
+  leaves = jax.tree.leaves((diff, const))
+  if not leaves:
+    raise ValueError("inplace_scan: diff and const hold no arrays")
+  n = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
+  if len(n) != 1 or None in n:
+    raise ValueError(f"inplace_scan: every leaf of diff and const needs the "
+                     f"same leading (layer) axis, got {sorted(map(str, n))}")
+  for a in jax.tree.leaves(diff):
+    if not jnp.issubdtype(jnp.result_type(a), jnp.floating):
+      raise ValueError(f"inplace_scan: diff leaves must be floating, got "
+                       f"{jnp.result_type(a)}; pass it in const")
+  return _scan(body, carry, diff, const)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scan(body, carry, diff, const):
+  def step(c, xs):
+    return body(c, *xs), None
+  return lax.scan(step, carry, (diff, const))[0]
+
+
+def _scan_fwd(body, carry, diff, const):
+  def step(c, xs):
+    return body(c, *xs), c
+  out, inputs = lax.scan(step, carry, (diff, const))
+  return out, (inputs, diff, const)
+
+
+def _scan_bwd(body, res, g):
+  inputs, diff, const = res
+  n = jax.tree.leaves((diff, const))[0].shape[0]
+
+  def step(j, state):
+    i = n - 1 - j
+    g, acc = state
+    take = lambda a: lax.dynamic_index_in_dim(a, i, 0, keepdims=False)  # noqa: E731
+    c_i = jax.tree.map(take, inputs)
+    d_i = jax.tree.map(take, acc)
+    k_i = jax.tree.map(take, const)
+    _, vjp = jax.vjp(lambda c, d: body(c, d, k_i), c_i, d_i)
+    g_c, g_d = vjp(g)
+    acc = jax.tree.map(
+        lambda a, u: lax.dynamic_update_index_in_dim(a, u.astype(a.dtype), i, 0),
+        acc, g_d)
+    return g_c, acc
+
+  g, acc = lax.fori_loop(0, n, step, (g, diff))
+  const_ct = jax.tree.map(
+      lambda a: (np.zeros(np.shape(a), jax.dtypes.float0)
+                 if not jnp.issubdtype(jnp.result_type(a), jnp.inexact)
+                 else jnp.zeros_like(a)), const)
+  return g, acc, const_ct
+
+
+_scan.defvjp(_scan_fwd, _scan_bwd)
