@@ -22,6 +22,7 @@ per-block rematerialization (``remat``).
 
     python -m experiments.memory_llama --model llama3.1-8b --tokens 2048
     python -m experiments.memory_llama --model cpu-tiny --tokens 64   # smoke test
+    python -m experiments.memory_llama --tp 2 --optimizers forge-int8  # 2 GPUs
 
 Prints one markdown table last and writes JSON to ``--out``.
 """
@@ -29,6 +30,7 @@ Prints one markdown table last and writes JSON to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -43,8 +45,14 @@ LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
 
 
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
-            steps: int = 6) -> dict:
-  """Builds, compiles and runs one variant here; returns its measurements."""
+            steps: int = 6, tp: int = 1) -> dict:
+  """Builds, compiles and runs one variant here; returns its measurements.
+
+  With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
+  tensor parallelism, ``LlamaConfig.tensor_parallel_axis``): the model is
+  initialized directly into its shards and the step runs under
+  ``jax.set_mesh``; the peak reported is the largest over the devices.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
   import numpy as np
@@ -57,7 +65,14 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   cfg = llama.get_config(
       model_name, max_seq_len=max(tokens, 8), remat="remat" in layout,
       scan_layers=layout.startswith("scan"), dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16)
+      param_dtype=jnp.bfloat16,
+      tensor_parallel_axis="model" if tp > 1 and optimizer != "optax" else None)
+  mesh = None
+  if tp > 1:
+    if optimizer == "optax":
+      raise ValueError("tp > 1 is for the fused variants (ForgeDense kernel_axes)")
+    mesh = jax.make_mesh((tp,), ("model",), devices=jax.devices()[:tp],
+                         axis_types=(jax.sharding.AxisType.Auto,))
   lr = 1e-4
   if optimizer == "optax":
     dense, tx = nn.Dense, optax.adamw(lr, mu_dtype=jnp.bfloat16)
@@ -71,7 +86,13 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   model = llama.Llama(cfg, dense_cls=dense)
   batch = jax.random.randint(jax.random.key(1), (1, tokens + 1), 0, cfg.vocab_size)
   batch = (batch[:, :-1], batch[:, 1:])
-  variables = jax.jit(model.init)(jax.random.key(0), batch[0])
+  init = jax.jit(model.init)
+  if mesh is not None:  # straight into the shards: no whole copy on a device
+    shapes = jax.eval_shape(model.init, jax.random.key(0), batch[0])
+    init = jax.jit(model.init, out_shardings=jax.tree.map(
+        lambda s: jax.sharding.NamedSharding(mesh, s),
+        llama.tensor_parallel_specs(shapes, "model")))
+  variables = init(jax.random.key(0), batch[0])
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
   del variables
 
@@ -90,7 +111,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     lowered = step.lower(state, batch)
   else:
     step = fj.make_train_step(loss_fn, check_backward=False)
-    lowered = step.lower(state, batch)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+      lowered = step.lower(state, batch)
   compiled = lowered.compile()
   ma = compiled.memory_analysis()
   analysis = {k: int(getattr(ma, k, 0) or 0) for k in (
@@ -102,15 +124,18 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   times = []
   for i in range(steps):
     t0 = time.perf_counter()
-    state, m = step(state, batch)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+      state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     times.append(time.perf_counter() - t0)
     if not np.isfinite(float(m["loss"])):
       raise FloatingPointError(f"loss {float(m['loss'])} at step {i}")
-  stats = jax.devices()[0].memory_stats() or {}
+  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
+           for d in jax.devices()[:tp]]
+  stats = {"peak_bytes_in_use": max(peaks) if None not in peaks else None}
   median = float(np.median(times[2:] or times))
   return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
-              optimizer=optimizer, layout=layout, **analysis,
+              optimizer=optimizer, layout=layout, tp=tp, **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=stats.get("peak_bytes_in_use"), step_s=median,
               tokens_per_s=tokens / median, loss=float(m["loss"]),
@@ -124,13 +149,16 @@ def main(argv=None):
   p.add_argument("--optimizers", default=",".join(OPTIMIZERS))
   p.add_argument("--layouts", default="unrolled+remat,scan+remat")
   p.add_argument("--steps", type=int, default=6)
+  p.add_argument("--tp", type=int, default=1,
+                 help="tensor parallelism over this many GPUs (fused variants)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
   a = p.parse_args(argv)
   if a.one:
     t, opt, layout = a.one.split(":")
-    print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps)))
+    print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
+                                         a.tp)))
     return None
   rows = []
   for t in [int(v) for v in a.tokens.split(",")]:
@@ -140,7 +168,8 @@ def main(argv=None):
           raise SystemExit(f"unknown variant {opt}/{layout}; optimizers "
                            f"{OPTIMIZERS}, layouts {LAYOUTS}")
         cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
-               a.model, "--steps", str(a.steps), "--one", f"{t}:{opt}:{layout}"]
+               a.model, "--steps", str(a.steps), "--tp", str(a.tp),
+               "--one", f"{t}:{opt}:{layout}"]
         try:
           proc = subprocess.run(cmd, capture_output=True, text=True,
                                 timeout=a.timeout)

@@ -1,5 +1,8 @@
 """The model-scale memory experiment runs end to end on a tiny model (CPU)."""
 
+import jax
+import pytest
+
 from experiments import memory_llama
 
 
@@ -13,3 +16,15 @@ def test_variants_run_and_report_memory_and_state():
   # bf16 Adam moments: 2 bytes x 2 per param; int8 folded (l=3) moments for the
   # projections and int8 for the rest: well under a quarter of that.
   assert int8_row["optimizer_state_bytes"] < 0.3 * optax_row["optimizer_state_bytes"]
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devices of the "
+                    "default backend (CI: two host CPUs)")
+def test_tensor_parallel_variant_runs_sharded():
+  row = memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "scan+remat", steps=2,
+                             tp=2)
+  assert row["tp"] == 2 and row["loss"] == row["loss"]
+  one = memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "scan+remat", steps=2)
+  # Each device holds half of the projections and their moments: the
+  # arguments of the sharded step (per device) are well under the whole's.
+  assert row["argument_size_in_bytes"] < 0.8 * one["argument_size_in_bytes"]

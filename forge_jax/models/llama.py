@@ -44,6 +44,7 @@ from forge_jax._src.inplace_scan import inplace_scan
 
 __all__ = [
     "LlamaConfig",
+    "tensor_parallel_specs",
     "num_params",
     "PRESETS",
     "get_config",
@@ -610,6 +611,41 @@ class Llama(nn.Module):
             flax.traverse_util.unflatten_dict(flat), h)
 
     return inplace_scan(body, x, diff, const)
+
+
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def tensor_parallel_specs(variables: Any, axis: str) -> Any:
+  """PartitionSpecs of a Llama's variables for ``tensor_parallel_axis=axis``.
+
+  The projections' kernels and everything stored beside them in
+  ``forge_state`` (moments, int8 codes and scales, folded moments) are split
+  like ``ForgeDense.kernel_axes``: q/k/v/gate/up along their last axis, o and
+  down along their second to last (a scanned stack keeps its leading layer
+  axis whole). Everything else (embedding, norms, scalars) is replicated.
+
+  Args:
+    variables: the model's variables, or their shapes (``jax.eval_shape``).
+    axis: the mesh axis name.
+
+  Returns:
+    A tree of ``jax.sharding.PartitionSpec`` with the structure of
+    ``variables``; use ``NamedSharding(mesh, spec)`` to place or init them.
+  """
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+
+  def spec(path, leaf):
+    names = [getattr(k, "key", getattr(k, "name", "")) for k in path]
+    nd = len(getattr(leaf, "shape", ()))
+    if nd >= 2 and any(n in COLUMN_PARALLEL for n in names):
+      return P(*([None] * (nd - 1)), axis)
+    if nd >= 2 and any(n in ROW_PARALLEL for n in names):
+      return P(*([None] * (nd - 2)), axis, None)
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec, variables)
 
 
 def cross_entropy_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
