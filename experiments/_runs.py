@@ -35,8 +35,9 @@ def run_variants(variants: dict[str, list[str]], *, out: str, common: list[str],
   for name, flags in variants.items():
     run_dir = os.path.join(out, slug(name))
     if not table_only:
+      # common last: flags given after `--` override a variant's own.
       cmd = [sys.executable, "-m", "experiments.train_lm", "--out", run_dir,
-             *common, *flags]
+             *flags, *common]
       print("$", " ".join(cmd), file=sys.stderr, flush=True)
       subprocess.run(cmd, check=True)
     with open(os.path.join(run_dir, "metrics.json")) as f:

@@ -28,7 +28,8 @@ Modes (AdamW's names; each optimizer stores its own states this way):
     python -m experiments.bench_fused_dw --rules adamw --modes fp32 \\
         --shapes 8192:4096x14336
 
-Prints one markdown table (last) and writes JSON to ``--out``.
+Prints one markdown table (last) and writes JSON to ``--out``;
+``--table-from FILE [--peaks 790e12,4.3e12]`` reprints an earlier run's table.
 """
 
 from __future__ import annotations
@@ -229,6 +230,32 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
               fused_s=t_fused, bytes=moved)
 
 
+def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
+  """The markdown table of ``rows``, floors from the given peaks."""
+  print(f"\npeaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 matmul), "
+        f"{bw_peak / 1e12:.2f} TB/s")
+  print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
+        "torch AdamW ms | fused ms | fused % of floor | fused vs unfused | "
+        "fused vs torch | TFLOP/s | rel err |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    t, d_in, d_out = r["shape"]
+    if "error" in r:
+      print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | | | | | | | | | | "
+            f"{r['error']} |")
+      continue
+    floor = max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak)
+    torch_s = r["torch_adamw_s"] if (r["rule"], r["mode"]) == ("adamw", "fp32") else None
+    torch_ms = f"{torch_s * 1e3:.3f}" if torch_s else ""
+    vs_torch = f"{torch_s / r['fused_s']:.2f}x" if torch_s else ""
+    print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | "
+          f"{floor * 1e3:.3f} | {r['xla_dw_s'] * 1e3:.3f} | "
+          f"{r['unfused_s'] * 1e3:.3f} | {torch_ms} | {r['fused_s'] * 1e3:.3f} | "
+          f"{100 * floor / r['fused_s']:.0f}% | "
+          f"{r['unfused_s'] / r['fused_s']:.2f}x | {vs_torch} | "
+          f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | {r['rel_err']:.1e} |")
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--shapes", default="2048:4096x14336",
@@ -248,7 +275,29 @@ def main(argv=None):
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--interpret", action="store_true",
                  help="run the kernel in interpret mode (a CPU smoke test)")
+  p.add_argument("--table-from", metavar="FILE",
+                 help="print the table of an earlier run (its JSON, or the "
+                 "log with one JSON row per line) instead of measuring")
+  p.add_argument("--peaks", metavar="FLOPS,BYTES_PER_S",
+                 help="with --table-from: floors from these peaks instead of "
+                 "the run's measured ones, e.g. 790e12,4.3e12")
   a = p.parse_args(argv)
+  if a.table_from:
+    with open(a.table_from) as f:
+      text = f.read()
+    try:
+      saved = json.loads(text)
+      rows, peaks = saved["rows"], (saved["peak_flops"], saved["peak_bw"])
+    except json.JSONDecodeError:  # a log: one row per line
+      rows = [json.loads(x) for x in text.splitlines() if x.startswith('{"shape"')]
+      peaks = None
+    if a.peaks:
+      print_table(rows, *map(float, a.peaks.split(",")), "given")
+    elif peaks:
+      print_table(rows, *peaks, "measured in that run")
+    else:
+      raise SystemExit("--table-from: a log without peaks needs --peaks")
+    return rows
   known = {**RULES, **FOLD_RULES}
   for r in a.rules.split(","):
     if r not in known:
@@ -291,28 +340,7 @@ def main(argv=None):
                          torch_adamw_s=t_torch, **r))
         print(json.dumps(rows[-1]), flush=True)
 
-  print(f"\nmeasured peaks: {flops_peak / 1e12:.0f} TFLOP/s (bf16 matmul), "
-        f"{bw_peak / 1e12:.2f} TB/s; {jax.devices()[0].device_kind}, "
-        f"jax {jax.__version__}")
-  print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
-        "torch AdamW ms | fused ms | fused % of floor | fused vs unfused | "
-        "fused vs torch | TFLOP/s | rel err |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    t, d_in, d_out = r["shape"]
-    if "error" in r:
-      print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | | | | | | | | | | "
-            f"{r['error']} |")
-      continue
-    torch_s = r["torch_adamw_s"] if (r["rule"], r["mode"]) == ("adamw", "fp32") else None
-    torch_ms = f"{torch_s * 1e3:.3f}" if torch_s else ""
-    vs_torch = f"{torch_s / r['fused_s']:.2f}x" if torch_s else ""
-    print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | "
-          f"{r['floor_s'] * 1e3:.3f} | {r['xla_dw_s'] * 1e3:.3f} | "
-          f"{r['unfused_s'] * 1e3:.3f} | {torch_ms} | {r['fused_s'] * 1e3:.3f} | "
-          f"{100 * r['floor_s'] / r['fused_s']:.0f}% | "
-          f"{r['unfused_s'] / r['fused_s']:.2f}x | {vs_torch} | "
-          f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | {r['rel_err']:.1e} |")
+  print_table(rows, flops_peak, bw_peak, "measured")
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, f"bench_fused_dw_{int(time.time())}.json")
   with open(path, "w") as f:

@@ -4,7 +4,7 @@ register spills, and hidden copies of the aliased W and state.
 Compiles ``fused_dw_update`` (jitted, W and state donated, as in training)
 for one shape, rule and state format with XLA's dump enabled, then reports
 
-* from the PTX of the module: Hopper tensor-core ``wgmma.mma_async``
+* from the PTX (or LLVM IR) XLA dumps for the module: Hopper tensor-core ``wgmma.mma_async``
   instructions against the older ``mma.sync``, and local-memory traffic
   (``ld.local`` / ``st.local``: registers spilled to memory);
 * from the optimized HLO: the fused custom call's operand/output aliasing and
@@ -24,7 +24,8 @@ import tempfile
 
 _DUMP = tempfile.mkdtemp(prefix="forge_dump_")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + f" --xla_dump_to={_DUMP} --xla_dump_hlo_as_text")
+                           + f" --xla_dump_to={_DUMP} --xla_dump_hlo_as_text"
+                           " --xla_gpu_dump_llvmir")
 
 import jax  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # noqa: E402
@@ -69,11 +70,16 @@ def main(argv=None):
       seed=seed), donate_argnums=(2, 3))
   hlo = fn.lower(x, dy, w, state, hp).compile().as_text()
   jax.block_until_ready(fn(x, dy, w, state, hp))
-  ptx = "".join(open(f).read() for f in glob.glob(f"{_DUMP}/*.ptx"))
+  files = [f for f in glob.glob(f"{_DUMP}/**/*", recursive=True)
+           if f.endswith((".ptx", ".ll"))]
+  ptx = "".join(open(f, errors="replace").read() for f in files)
+  if not files:
+    print("no .ptx/.ll in the dump; it holds:",
+          sorted(os.path.basename(f) for f in glob.glob(f"{_DUMP}/*"))[:20])
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}: T={t} "
         f"{d_in}->{d_out}, {a.rule}, {a.mode}, config={config or 'default'}")
-  print(f"PTX files: {len(glob.glob(f'{_DUMP}/*.ptx'))}, {len(ptx)} chars")
-  for ins in ("wgmma.mma_async", "mma.sync", "ld.local", "st.local",
+  print(f"PTX/LLVM files: {len(files)}, {len(ptx)} chars")
+  for ins in ("wgmma.mma_async", "nvvm.wgmma", "mma.sync", "ld.local", "st.local",
               "cp.async.bulk.tensor", "cp.async.cg", "cp.async.ca", "ldmatrix"):
     print(f"  {ins:24s} {ptx.count(ins)}")
   print("HLO copies:", len(re.findall(r"= \S+ copy\(", hlo)),

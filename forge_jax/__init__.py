@@ -15,6 +15,7 @@ from forge_jax._src.fold import fold_adam
 from forge_jax._src.fold import fold_adam_labels
 from forge_jax._src.fold import hybrid_fold_adam
 from forge_jax._src.fold import scale_by_fold_adam
+from forge_jax._src.inplace_scan import inplace_scan
 from forge_jax._src.train_state import FusedTrainStep
 from forge_jax._src.train_state import TrainState
 from forge_jax._src.train_state import fused_kernel_paths
@@ -64,6 +65,7 @@ __all__ = [
     "fused_kernel_paths",
     "fused_step",
     "hybrid_fold_adam",
+    "inplace_scan",
     "latest_checkpoint_step",
     "lion",
     "make_train_step",

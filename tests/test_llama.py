@@ -535,8 +535,8 @@ def test_scanned_fused_step_needs_no_second_stack():
   step's temp is no larger than the unrolled model's (lax.scan's transpose
   would add a full stack of new kernels and moments)."""
   import forge_jax as fj
-  cfg = LlamaConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4,
-                    n_kv_heads=2, ffn_dim=1024, max_seq_len=16,
+  cfg = LlamaConfig(vocab_size=64, d_model=128, n_layers=8, n_heads=4,
+                    n_kv_heads=2, ffn_dim=512, max_seq_len=16,
                     dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, remat=True)
   dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(
       1e-3, mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16), implementation="xla")

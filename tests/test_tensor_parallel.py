@@ -171,10 +171,11 @@ def test_int8_blocks_crossing_a_shard_are_refused(on_cpu):
   assert "multiple of 64" in _step_error(model, jnp.ones((2, 16)), _mesh())
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("scan_layers", [True])  # unrolled: MegatronMLP above
 def test_llama_tensor_parallel_equals_one_device(rng, on_cpu, scan_layers):
   """LlamaConfig.tensor_parallel_axis: q/k/v/gate/up split by columns, o/down
-  by rows, under nn.scan too; 2 steps equal the unsharded model's."""
+  by rows, with scanned blocks updated in place; 2 steps equal the unsharded
+  model's."""
   import functools  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top

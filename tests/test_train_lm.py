@@ -114,6 +114,9 @@ def test_missing_text_file_is_refused(tmp_path):
 
 def test_resume_with_another_optimizer_or_config_is_refused(text_file, tmp_path):
   train_lm.main(_cfg(text_file, tmp_path / "r", steps=2))
+  # A new run (no --resume) into the directory of an old one.
+  with pytest.raises(FileExistsError, match="--resume"):
+    train_lm.main(_cfg(text_file, tmp_path / "r", steps=3))
   with pytest.raises(ValueError, match="does not match"):
     train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True,
                        optimizer="optax-adamw"))
@@ -124,12 +127,6 @@ def test_resume_with_another_optimizer_or_config_is_refused(text_file, tmp_path)
   # A longer schedule is a legitimate change.
   out = train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True))
   assert [r["step"] for r in out["records"]] == [1, 2, 3]
-
-
-def test_a_new_run_into_an_old_run_directory_is_refused(text_file, tmp_path):
-  train_lm.main(_cfg(text_file, tmp_path / "r", steps=2))
-  with pytest.raises(FileExistsError, match="--resume"):
-    train_lm.main(_cfg(text_file, tmp_path / "r", steps=3))
 
 
 def test_a_validation_split_too_short_is_refused_before_training(text_file, tmp_path):

@@ -13,6 +13,16 @@ recomputes layer i's forward from its saved input (per-layer
 rematerialization), takes the VJP, and writes layer i's cotangent into slice
 i with ``dynamic_update_slice``. XLA updates a while-loop carry in place, and
 the carry starts as the (donated) stacked input, so no second stack exists.
+
+``forge_jax.models.llama`` uses it for its scanned blocks in a fused step; a
+model of your own does the same by applying its block functionally::
+
+    def body(h, d, c):        # d: the block's float variables, c: the others
+      return Block(...).apply(merge(d, c), h)
+    h = fj.inplace_scan(body, h, stacked_float_vars, stacked_other_vars)
+
+(see ``Llama._fused_scanned_layers`` for the bookkeeping of a fused step:
+fused kernels fed from ``forge_state`` and ``dense.path_prefix``).
 """
 
 from __future__ import annotations
