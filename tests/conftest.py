@@ -108,19 +108,24 @@ def fused_and_unfused(rng, make_tx, *, implementation, interpret, widths=(19, 7)
   return state, params, opt_state, sizes
 
 
-def triton_text_with_int8_state(rule, t, d_in, d_out, min_block_n):
+def triton_text_with_int8_state(rule, t, d_in, d_out, min_block_n,
+                                sharded_rounding=False):
   """StableHLO text of the compiled kernel path (lowered for CUDA, no GPU
-  needed) with bf16 operands and int8 mu/nu, W and both states donated."""
+  needed) with bf16 operands and int8 mu/nu, W and both states donated;
+  ``sharded_rounding``: stochastic rounding of W with the global index of a
+  shard (``index_offset``, ``index_width``) as under tensor parallelism."""
   from pallas_kernels import quantization as q  # pylint: disable=g-import-not-at-top
   from pallas_kernels.fused_dw import FusedDWConfig  # pylint: disable=g-import-not-at-top
   from pallas_kernels.fused_dw import kernel_triton  # pylint: disable=g-import-not-at-top
 
   def f(x, dy, w, mc, ms, nc, ns, hp):
     state = (q.QuantizedArray(mc, ms), q.QuantizedArray(nc, ns, True))
+    kw = dict(seed=jnp.uint32(5), index_offset=(jnp.int32(64), 0),
+              index_width=2 * d_out) if sharded_rounding else {}
     return kernel_triton.fused_dw_update_triton(
         x, dy, w, state, hp, rule=rule, interpret=False,
         config=FusedDWConfig.default(t, d_in, d_out, jnp.bfloat16,
-                                     min_block_n=min_block_n))
+                                     min_block_n=min_block_n), **kw)
 
   sds = jax.ShapeDtypeStruct
   shape = rule.state_shape((d_in, d_out))

@@ -535,7 +535,7 @@ def test_scanned_fused_step_needs_no_second_stack():
   step's temp is no larger than the unrolled model's (lax.scan's transpose
   would add a full stack of new kernels and moments)."""
   import forge_jax as fj
-  cfg = LlamaConfig(vocab_size=64, d_model=128, n_layers=8, n_heads=4,
+  cfg = LlamaConfig(vocab_size=64, d_model=128, n_layers=4, n_heads=4,
                     n_kv_heads=2, ffn_dim=512, max_seq_len=16,
                     dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, remat=True)
   dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(
@@ -558,5 +558,6 @@ def test_scanned_fused_step_needs_no_second_stack():
     return step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes, stack
 
   (unrolled, stack), (scanned, _) = temp(False), temp(True)
-  # What remains is one layer's slices (1/8 of the stack) read by the loop.
-  assert scanned <= unrolled + 0.3 * stack, (scanned, unrolled, stack)
+  # What remains is one layer's slices (1/4 of the stack) read by the loop;
+  # lax.scan's transpose adds a whole stack and more (1.7 stacks measured).
+  assert scanned <= unrolled + 0.45 * stack, (scanned, unrolled, stack)

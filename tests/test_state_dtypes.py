@@ -243,6 +243,15 @@ def test_kernel_with_int8_state_lowers_to_triton_with_aliases():
   assert text.count("tf.aliasing_output") == 5  # w, 2 codes, 2 scales in place
 
 
+def test_kernel_with_sharded_stochastic_rounding_lowers_to_triton():
+  """The seed operand [seed, row0, col0] of a tensor-parallel shard lowers."""
+  text = triton_text_with_int8_state(fj.rules.ADAMW, 64, 256, 256, min_block_n=64,
+                                     sharded_rounding=True)
+  assert "__gpu$xla.gpu.triton" in text
+  assert "tensor<3xui32>" in text
+  assert text.count("tf.aliasing_output") == 5
+
+
 # ---------------------------------------------------------------------------
 # ForgeDense and the fused step with low-precision state.
 
