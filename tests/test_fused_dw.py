@@ -279,3 +279,28 @@ def test_sharded_update_rounds_like_the_whole(rng, axis, impl):
                           tuple(s[:, 32:] if axis else s[16:] for s in state), hp, **kw)
   assert not np.array_equal(np.asarray(alone[0], np.float32),
                             np.asarray(halves[1][0], np.float32))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(index_offset=(0,)), "pair"),
+    (dict(index_offset=(-1, 0)), r"\[0, 2\*\*32\)"),
+    (dict(index_offset=(1.5, 0)), "integer scalars"),
+    (dict(index_width=jnp.int32(100)), "Python int"),
+    (dict(index_width=2**32), "below 2"),
+])
+def test_bad_index_offset_or_width_is_refused(rng, kw, match):
+  x, dy, w, state, hp = _inputs(rng, 8, 16, 32, jnp.float32)
+  with pytest.raises(ValueError, match=match):
+    fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation="xla", **kw)
+
+
+def test_large_python_index_offset_is_accepted(rng):
+  x, dy, w, state, hp = _inputs(rng, 8, 16, 32, jnp.bfloat16)
+  w = w.astype(jnp.bfloat16)
+  got = fused_dw_update(x, dy, w, state, hp, rule=ADAMW, implementation="triton",
+                        interpret=True, config=SMALL, seed=jnp.uint32(1),
+                        index_offset=(2**31, 0))
+  want = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW,
+                                   seed=jnp.uint32(1), index_offset=(2**31, 0))
+  np.testing.assert_array_equal(np.asarray(got[0], np.float32),
+                                np.asarray(want[0], np.float32))

@@ -70,6 +70,9 @@ def test_backward_holds_one_stack(rng):
 @pytest.mark.parametrize("bad,match", [
     (lambda d, k: ({"w": d["w"].astype(jnp.int32)}, k), "must be floating"),
     (lambda d, k: (d, {"flip": k["flip"][:2]}), "same leading"),
+    (lambda d, k: (d, {"flip": k["flip"], "x": d["b"]}), "no gradient"),
+    (lambda d, k: (jax.tree.map(lambda a: a[:0], d),
+                   jax.tree.map(lambda a: a[:0], k)), "0 layers"),
 ])
 def test_bad_inputs(rng, bad, match):
   carry, diff, const = _inputs(rng)

@@ -215,3 +215,16 @@ def test_llama_tensor_parallel_equals_one_device(rng, on_cpu, scan_layers):
 def _null():
   import contextlib  # pylint: disable=g-import-not-at-top
   return contextlib.nullcontext()
+
+
+def test_explicit_mesh_axes_are_refused(on_cpu):
+  mesh = jax.make_mesh((2,), ("model",), axis_types=(jax.sharding.AxisType.Explicit,),
+                       devices=jax.devices("cpu")[:2])
+  msg = _step_error(MegatronMLP(fj.adamw(1e-2)), jnp.ones((2, 16)), mesh)
+  assert "type Auto" in msg
+
+
+def test_kernel_axes_without_optimizer_are_refused(on_cpu):
+  layer = fj.ForgeDense(8, kernel_axes=(None, "model"))
+  with pytest.raises(ValueError, match="needs an optimizer"):
+    layer.init(jax.random.key(0), jnp.ones((2, 4)))

@@ -313,6 +313,11 @@ class ForgeDense(nn.Module):
           f"as forge_jax.adamw(...), got {type(self.optimizer).__name__}")
     if self.implementation is not None:
       fused_dw.resolve_implementation(self.implementation)
+    if self.optimizer is None and tuple(self.kernel_axes) != (None, None):
+      raise ValueError(
+          f"ForgeDense.kernel_axes={tuple(self.kernel_axes)} needs an optimizer:"
+          " without one the layer is a plain Dense, whose kernel jax.jit "
+          "shards like any other array")
     if not isinstance(self.features, numbers.Integral) or self.features < 1:
       raise ValueError(f"ForgeDense.features={self.features!r} must be a "
                        "positive int")
@@ -466,6 +471,14 @@ def _check_kernel_axes(where, kernel_axes, shape, state, rule):
   if len(set(named)) != len(named):
     raise ValueError(f"ForgeDense at {where!r}: kernel_axes={tuple(kernel_axes)}"
                      " names the same mesh axis twice")
+  types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()) or ()))
+  explicit = [a for a in named
+              if a in types and types[a] != jax.sharding.AxisType.Auto]
+  if explicit:
+    raise ValueError(
+        f"ForgeDense at {where!r}: kernel_axes needs mesh axes of type Auto, "
+        f"but {explicit} are {[str(types[a]) for a in explicit]}: make the mesh "
+        "with jax.make_mesh(..., axis_types=(jax.sharding.AxisType.Auto, ...))")
   n = [sizes[a] if a else 1 for a in kernel_axes]
   if shape[0] % n[0] or shape[1] % n[1]:
     raise ValueError(

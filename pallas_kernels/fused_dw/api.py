@@ -7,6 +7,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import autotune
@@ -176,9 +177,21 @@ def fused_dw_update(
   _check_args(x, dy, w, state, hparams, rule, seed)
   if len(index_offset) != 2:
     raise ValueError(f"index_offset must be a pair (row0, col0), got {index_offset!r}")
-  if index_width is not None and index_width < w.shape[1]:
-    raise ValueError(f"index_width={index_width} must be at least w's number "
-                     f"of columns {w.shape[1]}")
+  for v in index_offset:
+    if isinstance(v, (int, np.integer)):
+      if not 0 <= v < 2**32:
+        raise ValueError(f"index_offset={tuple(index_offset)} must hold "
+                         "integers in [0, 2**32)")
+    elif not jnp.issubdtype(jnp.result_type(v), jnp.integer) or jnp.ndim(v):
+      raise ValueError(f"index_offset={index_offset!r} must hold integer "
+                       "scalars (Python ints or traced integer arrays)")
+  if index_width is not None:
+    if not isinstance(index_width, (int, np.integer)) or isinstance(index_width, bool):
+      raise ValueError(f"index_width must be a Python int (static), got "
+                       f"{type(index_width).__name__}")
+    if not w.shape[1] <= index_width < 2**32:
+      raise ValueError(f"index_width={index_width} must be at least w's number "
+                       f"of columns {w.shape[1]} and below 2**32")
   impl = resolve_implementation(implementation)
   if impl == "xla" or x.size == 0 or w.size == 0:
     # Empty operands (T = 0: dW = 0; or an empty W) need no kernel launch.

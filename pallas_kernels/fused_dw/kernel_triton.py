@@ -268,7 +268,8 @@ def fused_dw_update_triton(
 ):
   """Runs the kernel; arguments as :func:`pallas_kernels.fused_dw.fused_dw_update`."""
   seeds = () if seed is None else (jnp.stack(
-      [jnp.asarray(v).astype(jnp.uint32) for v in (seed, *index_offset)]),)
+      [jnp.asarray(v, jnp.uint32) if isinstance(v, int)
+       else jnp.asarray(v).astype(jnp.uint32) for v in (seed, *index_offset)]),)
   d_in, d_out = w.shape
   kinds = tuple("plain" if not isinstance(s, quantization.QuantizedArray)
                 else "nonneg" if s.nonnegative else "signed" for s in state)

@@ -56,8 +56,10 @@ def fused_dw_update_reference(
       grad, w.astype(jnp.float32),
       tuple(quantization.state_to_f32(s) for s in state), hp, count)
   width = w.shape[1] if index_width is None else index_width
-  rows = lax.iota(jnp.uint32, w.shape[0]) + jnp.asarray(index_offset[0]).astype(jnp.uint32)
-  cols = lax.iota(jnp.uint32, w.shape[1]) + jnp.asarray(index_offset[1]).astype(jnp.uint32)
+  row0, col0 = (jnp.asarray(v, jnp.uint32) if isinstance(v, int)
+                else jnp.asarray(v).astype(jnp.uint32) for v in index_offset)
+  rows = lax.iota(jnp.uint32, w.shape[0]) + row0
+  cols = lax.iota(jnp.uint32, w.shape[1]) + col0
   index = rows[:, None] * jnp.uint32(width) + cols[None, :]
   return (round_weight(new_w, w.dtype, seed, count, index),
           tuple(quantization.state_from_f32(n, s)
