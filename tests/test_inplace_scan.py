@@ -79,3 +79,21 @@ def test_bad_inputs(rng, bad, match):
   d, k = bad(diff, const)
   with pytest.raises(ValueError, match=match):
     inplace_scan(lambda c, d, k: c, carry, d, k)
+
+
+def test_closed_over_values_get_their_gradient(rng):
+  """A scale shared by every layer, closed over by the body, under jax.grad."""
+  carry, diff, const = _inputs(rng)
+
+  def loss(a, scan):
+    def body(c, d, k):
+      return _body(c, d, k) * a
+    if scan:
+      out = jax.lax.scan(lambda c, xs: (body(c, *xs), None), carry, (diff, const))[0]
+    else:
+      out = inplace_scan(body, carry, diff, const)
+    return jnp.sum(out ** 2)
+
+  want = jax.grad(loss)(1.1, True)
+  got = jax.jit(jax.grad(loss), static_argnums=1)(1.1, False)
+  assert rel_err(got, want) <= 1e-5

@@ -57,10 +57,9 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
     The forward saves only each layer's input carry (n copies, as
     ``jax.checkpoint`` per layer does).
 
-  ``body`` must not close over values that are being differentiated (pass
-  them through ``diff``): JAX then raises ``UnexpectedTracerError``. Values
-  closed over that are not differentiated (jit arguments, the fused step's
-  context) are fine.
+  ``body`` may close over arrays (``jax.closure_convert``): a closed-over
+  value that is differentiated (e.g. a scale shared by every layer) gets
+  its cotangent summed over the layers.
 
   Memory: the loop writes each layer's cotangent into the stack in place
   when the new values come from an opaque producer (the fused Pallas
@@ -93,53 +92,70 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
       raise ValueError(
           f"inplace_scan: const leaves get no gradient, so they may not be "
           f"floating (got {jnp.result_type(a)}); pass it in diff")
-  return _scan(body, carry, diff, const)
+  # Values the body closes over (e.g. a shared scale under jax.grad) become
+  # explicit arguments, so their cotangents can be returned (summed over
+  # the layers); closed-over values that are not differentiated pass too.
+  first = lambda a: a[0]  # noqa: E731
+  converted, consts = jax.closure_convert(
+      body, carry, jax.tree.map(first, diff), jax.tree.map(first, const))
+  return _scan(converted, carry, diff, const, tuple(consts))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _scan(body, carry, diff, const):
+def _scan(body, carry, diff, const, consts):
   def step(c, xs):
-    return body(c, *xs), None
+    return body(c, *xs, *consts), None
   return lax.scan(step, carry, (diff, const))[0]
 
 
-def _scan_fwd(body, carry, diff, const):
+def _scan_fwd(body, carry, diff, const, consts):
   def step(c, xs):
-    return body(c, *xs), c
+    return body(c, *xs, *consts), c
   out, inputs = lax.scan(step, carry, (diff, const))
-  return out, (inputs, diff, const)
+  return out, (inputs, diff, const, consts)
+
+
+def _zero_cotangent(a):
+  if jnp.issubdtype(jnp.result_type(a), jnp.inexact):
+    return jnp.zeros_like(a)
+  return np.zeros(np.shape(a), jax.dtypes.float0)
 
 
 def _scan_bwd(body, res, g):
-  inputs, diff, const = res
+  inputs, diff, const, consts = res
   n = jax.tree.leaves((diff, const))[0].shape[0]
+  float_consts = [jnp.issubdtype(jnp.result_type(a), jnp.inexact) for a in consts]
 
   def step(j, state):
     i = n - 1 - j
-    g, acc = state
+    g, acc, consts_ct = state
     take = lambda a: lax.dynamic_index_in_dim(a, i, 0, keepdims=False)  # noqa: E731
     c_i = jax.tree.map(take, inputs)
     d_i = jax.tree.map(take, acc)
     k_i = jax.tree.map(take, const)
-    _, vjp = jax.vjp(lambda c, d: body(c, d, k_i), c_i, d_i)
-    g_c, g_d = vjp(g)
-    # Every new value of layer i is computed (into its own one-layer buffer)
-    # before any slice of the stack is overwritten. Without this XLA may fuse
-    # the computation of one array's new slice, which reads another array's
-    # old slice (AdamW's new kernel reads the old moments), into the first
-    # array's in-place update, and then copy the whole second stack to keep
-    # that old slice alive.
+    fl = [a for a, f in zip(consts, float_consts) if f]
+
+    def layer(c, d, fl):
+      it = iter(fl)
+      return body(c, d, k_i, *[next(it) if f else a
+                               for a, f in zip(consts, float_consts)])
+
+    _, vjp = jax.vjp(layer, c_i, d_i, fl)
+    g_c, g_d, g_fl = vjp(g)
+    # Slice i of the stack is written only now, after everything of layer i
+    # has been read: the carry is updated in place.
     acc = jax.tree.map(
         lambda a, u: lax.dynamic_update_index_in_dim(a, u.astype(a.dtype), i, 0),
         acc, g_d)
-    return g_c, acc
+    return g_c, acc, [a + b for a, b in zip(consts_ct, g_fl)]
 
-  g, acc = lax.fori_loop(0, n, step, (g, diff))
-  const_ct = jax.tree.map(
-      lambda a: (np.zeros(np.shape(a), jax.dtypes.float0)
-                 if not jnp.issubdtype(jnp.result_type(a), jnp.inexact)
-                 else jnp.zeros_like(a)), const)
-  return g, acc, const_ct
+  init_ct = [jnp.zeros_like(a) for a, f in zip(consts, float_consts) if f]
+  g, acc, fl_ct = lax.fori_loop(0, n, step, (g, diff, init_ct))
+  it = iter(fl_ct)
+  consts_ct = tuple(next(it) if f else _zero_cotangent(a)
+                    for a, f in zip(consts, float_consts))
+  const_ct = jax.tree.map(_zero_cotangent, const)
+  return g, acc, const_ct, consts_ct
 
 
 _scan.defvjp(_scan_fwd, _scan_bwd)
