@@ -133,8 +133,9 @@ def _fused_dw_kernel(
     rule, config: FusedDWConfig, precision, has_seed: bool, kinds,
     index_width: int,
 ):
-  # refs: [seed (uint32 [seed, row0, col0])], w, *state, then the outputs w, *state; an int8 state is two
-  # refs (codes, scale), kinds[i] says which ("plain", "signed", "nonneg").
+  # refs: [seed (uint32 [seed, row0, col0])], w, *state, then the outputs
+  # w, *state; an int8 state is two refs (codes, scale), kinds[i] says which
+  # ("plain", "signed", "nonneg").
   seed_ref, refs = (refs[0], refs[1:]) if has_seed else (None, refs)
   w_ref, refs = refs[0], refs[1:]
   state_refs, refs = _split(refs, kinds)
@@ -252,9 +253,8 @@ def _fused_dw_kernel(
   index = None
   if has_seed:
     # Global element index (this W may be one shard of a wider weight).
-    index = ((rows.astype(jnp.uint32) + seed_ref[1])[:, None]
-             * jnp.uint32(index_width)
-             + (cols.astype(jnp.uint32) + seed_ref[2])[None, :])
+    index = reference.element_index(rows, cols, seed_ref[1], seed_ref[2],
+                                    index_width)
   new_w = reference.round_weight(
       new_w, w_out_ref.dtype, seed_ref[0] if has_seed else None, count, index)
   plgpu.store(w_out_ref.at[tile], new_w, mask=mask)
@@ -268,8 +268,7 @@ def fused_dw_update_triton(
 ):
   """Runs the kernel; arguments as :func:`pallas_kernels.fused_dw.fused_dw_update`."""
   seeds = () if seed is None else (jnp.stack(
-      [jnp.asarray(v, jnp.uint32) if isinstance(v, int)
-       else jnp.asarray(v).astype(jnp.uint32) for v in (seed, *index_offset)]),)
+      [reference.as_uint32(v) for v in (seed, *index_offset)]),)
   d_in, d_out = w.shape
   kinds = tuple("plain" if not isinstance(s, quantization.QuantizedArray)
                 else "nonneg" if s.nonnegative else "signed" for s in state)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pallas_kernels import precision
@@ -18,6 +19,24 @@ def weight_grad_reference(x: jax.Array, dy: jax.Array) -> jax.Array:
       x, dy, (((0,), (0,)), ((), ())),
       precision=lax.Precision.HIGHEST,
       preferred_element_type=jnp.float32)
+
+
+def as_uint32(v) -> jax.Array:
+  """An integer scalar (a Python/NumPy int below 2**32, or an array) as uint32."""
+  if isinstance(v, (int, np.integer)):
+    return jnp.asarray(v, jnp.uint32)
+  return jnp.asarray(v).astype(jnp.uint32)
+
+
+def element_index(rows, cols, row0, col0, width: int) -> jax.Array:
+  """Global row-major indices ``(row0 + rows) * width + col0 + cols``, uint32.
+
+  ``rows`` (m,) and ``cols`` (n,) are local indices of a block (a kernel
+  tile, or a whole W that is one shard of a wider weight) -> (m, n). The
+  kernel and the reference both draw stochastic-rounding bits from these.
+  """
+  return ((rows.astype(jnp.uint32) + row0)[:, None] * jnp.uint32(width)
+          + (cols.astype(jnp.uint32) + col0)[None, :])
 
 
 def round_weight(new_w: jax.Array, dtype, seed: jax.Array | None,
@@ -55,12 +74,10 @@ def fused_dw_update_reference(
   new_w, new_state = rule.update_masked(
       grad, w.astype(jnp.float32),
       tuple(quantization.state_to_f32(s) for s in state), hp, count)
-  width = w.shape[1] if index_width is None else index_width
-  row0, col0 = (jnp.asarray(v, jnp.uint32) if isinstance(v, int)
-                else jnp.asarray(v).astype(jnp.uint32) for v in index_offset)
-  rows = lax.iota(jnp.uint32, w.shape[0]) + row0
-  cols = lax.iota(jnp.uint32, w.shape[1]) + col0
-  index = rows[:, None] * jnp.uint32(width) + cols[None, :]
+  index = element_index(
+      lax.iota(jnp.uint32, w.shape[0]), lax.iota(jnp.uint32, w.shape[1]),
+      *map(as_uint32, index_offset),
+      w.shape[1] if index_width is None else index_width)
   return (round_weight(new_w, w.dtype, seed, count, index),
           tuple(quantization.state_from_f32(n, s)
                 for n, s in zip(new_state, state)))
