@@ -73,6 +73,9 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
       raise ValueError("tp > 1 is for the fused variants (ForgeDense kernel_axes)")
     mesh = jax.make_mesh((tp,), ("model",), devices=jax.devices()[:tp],
                          axis_types=(jax.sharding.AxisType.Auto,))
+  # The fused step is traced and run under the mesh (tensor parallelism).
+  in_mesh = (contextlib.nullcontext if mesh is None
+             else functools.partial(jax.set_mesh, mesh))
   lr = 1e-4
   if optimizer == "optax":
     dense, tx = nn.Dense, optax.adamw(lr, mu_dtype=jnp.bfloat16)
@@ -111,7 +114,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     lowered = step.lower(state, batch)
   else:
     step = fj.make_train_step(loss_fn, check_backward=False)
-    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    with in_mesh():
       lowered = step.lower(state, batch)
   compiled = lowered.compile()
   ma = compiled.memory_analysis()
@@ -124,7 +127,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   times = []
   for i in range(steps):
     t0 = time.perf_counter()
-    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    with in_mesh():
       state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     times.append(time.perf_counter() - t0)

@@ -5,6 +5,8 @@ a column-parallel layer followed by a row-parallel one, trained by the fused
 step under ``jax.set_mesh``, against the same model on one device.
 """
 
+import contextlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -39,6 +41,11 @@ class MegatronMLP(nn.Module):
                              nn.gelu(h))
 
 
+def _in_mesh(mesh):
+  """``jax.set_mesh(mesh)``, or no mesh context for None."""
+  return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
 def _train(model, variables, batch, *, mesh=None, steps=3, interpret=False,
            implementation=None):
   state = fj.TrainState.create(apply_fn=model.apply,
@@ -48,11 +55,8 @@ def _train(model, variables, batch, *, mesh=None, steps=3, interpret=False,
       lambda v, b: jnp.mean((model.apply(v, b[0]) - b[1]) ** 2),
       implementation=implementation, interpret=interpret)
   for _ in range(steps):
-    if mesh is None:
+    with _in_mesh(mesh):
       state, _ = step(state, batch)
-    else:
-      with jax.set_mesh(mesh):
-        state, _ = step(state, batch)
   return state
 
 
@@ -197,7 +201,7 @@ def test_llama_tensor_parallel_equals_one_device(rng, on_cpu, scan_layers):
     step = fj.make_train_step(lambda v, b: cross_entropy_loss(
         model.apply(v, b[0]), b[1]))
     for _ in range(2):
-      with jax.set_mesh(mesh) if mesh else _null():
+      with _in_mesh(mesh):
         state, m = step(state, batch)
       assert bool(m["forge_backward_ok"])
     return state
@@ -210,11 +214,6 @@ def test_llama_tensor_parallel_equals_one_device(rng, on_cpu, scan_layers):
   block = got.params["layers"]["block"] if scan_layers else got.params["layers_0"]
   up = block["mlp"]["up_proj"]["kernel"]
   assert {s.data.shape[-1] for s in up.addressable_shards} == {32}  # 64 / 2
-
-
-def _null():
-  import contextlib  # pylint: disable=g-import-not-at-top
-  return contextlib.nullcontext()
 
 
 def test_explicit_mesh_axes_are_refused(on_cpu):
