@@ -9,13 +9,14 @@ steps, the median step time and tokens/s:
 
 * ``optax``: flax Dense everywhere, ``optax.adamw`` with bf16 params and bf16
   moments, params and state donated;
-* ``forge-bf16``: the 7 projections per block are ForgeDense (AdamW fused,
-  bf16 weights with stochastic rounding, bf16 moments), the rest AdamW with
-  bf16 moments;
+* ``forge-bf16``: the 7 projections per block and the untied ``lm_head``
+  are ForgeDense (AdamW fused, bf16 weights with stochastic rounding, bf16
+  moments), the rest (embedding, norms) AdamW with bf16 moments;
 * ``forge-int8``: the same with int8 moments (absmax blocks of 64) for every
   param;
-* ``forge-fold-int8``: FOAM inside the fused kernels (fold level 3, int8
-  folded moments), int8 moments for the embedding and head;
+* ``forge-fold-int8``: FOAM inside the fused kernels of the blocks (fold
+  level 3, int8 folded moments); the embedding and the (fused) head keep
+  plain AdamW with int8 moments;
 
 each ``unrolled`` or ``scan`` (``nn.scan`` over the blocks), with or without
 per-block rematerialization (``remat``).
@@ -23,6 +24,7 @@ per-block rematerialization (``remat``).
     python -m experiments.memory_llama --model llama3.1-8b --tokens 2048
     python -m experiments.memory_llama --model cpu-tiny --tokens 64   # smoke test
     python -m experiments.memory_llama --tp 2 --optimizers forge-int8  # 2 GPUs
+    python -m experiments.memory_llama --attention cudnn  # flash attention
 
 Prints one markdown table last and writes JSON to ``--out``.
 """
@@ -45,7 +47,7 @@ LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
 
 
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
-            steps: int = 6, tp: int = 1) -> dict:
+            steps: int = 6, tp: int = 1, attention: str = "einsum") -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
@@ -65,7 +67,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   cfg = llama.get_config(
       model_name, max_seq_len=max(tokens, 8), remat="remat" in layout,
       scan_layers=layout.startswith("scan"), dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16,
+      param_dtype=jnp.bfloat16, attention=attention,
       tensor_parallel_axis="model" if tp > 1 and optimizer != "optax" else None)
   mesh = None
   if tp > 1:
@@ -77,6 +79,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   in_mesh = (contextlib.nullcontext if mesh is None
              else functools.partial(jax.set_mesh, mesh))
   lr = 1e-4
+  head = None  # flax Dense
   if optimizer == "optax":
     dense, tx = nn.Dense, optax.adamw(lr, mu_dtype=jnp.bfloat16)
   else:
@@ -85,8 +88,13 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     fused = (fj.fold_adam(lr, fold_level=3, **kw) if "fold" in optimizer
              else fj.adamw(lr, **kw))
     dense = functools.partial(fj.ForgeDense, optimizer=fused)
+    # The untied head (V x D, the largest matrix) fused too, plain AdamW with
+    # the same moments: its gradient never exists either. One GPU only: under
+    # tensor parallelism the head stays an unfused, replicated Dense.
+    if not cfg.tie_embeddings and tp == 1:
+      head = functools.partial(fj.ForgeDense, optimizer=fj.adamw(lr, **kw))
     tx = fj.adamw(lr, **kw)
-  model = llama.Llama(cfg, dense_cls=dense)
+  model = llama.Llama(cfg, dense_cls=dense, head_cls=head)
   batch = jax.random.randint(jax.random.key(1), (1, tokens + 1), 0, cfg.vocab_size)
   batch = (batch[:, :-1], batch[:, 1:])
   init = jax.jit(model.init)
@@ -98,6 +106,10 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   variables = init(jax.random.key(0), batch[0])
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
   del variables
+  jax.block_until_ready(state)
+  # The peak so far belongs to initialization, not to the step.
+  init_peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
+                for d in jax.devices()[:tp]]
 
   def loss_fn(v, b):
     return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
@@ -116,7 +128,9 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     step = fj.make_train_step(loss_fn, check_backward=False)
     with in_mesh():
       lowered = step.lower(state, batch)
+  t_compile = time.perf_counter()
   compiled = lowered.compile()
+  compile_s = time.perf_counter() - t_compile
   ma = compiled.memory_analysis()
   analysis = {k: int(getattr(ma, k, 0) or 0) for k in (
       "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
@@ -138,11 +152,47 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   stats = {"peak_bytes_in_use": max(peaks) if None not in peaks else None}
   median = float(np.median(times[2:] or times))
   return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
-              optimizer=optimizer, layout=layout, tp=tp, **analysis,
+              optimizer=optimizer, layout=layout, tp=tp, attention=attention,
+              **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=stats.get("peak_bytes_in_use"), step_s=median,
               tokens_per_s=tokens / median, loss=float(m["loss"]),
+              compile_s=compile_s,
+              init_peak_bytes=None if None in init_peaks else max(init_peaks),
               device=jax.devices()[0].device_kind, jax=jax.__version__)
+
+
+def print_table(rows: list[dict]) -> None:
+  """The markdown table of ``rows`` (run_one's dicts, or error rows).
+
+  Bytes are per device (with ``tp`` > 1 the largest device's peak and
+  arguments) except "params" and "opt state", which are the totals.
+  """
+  models = sorted({r["model"] for r in rows})
+  print(f"\n{', '.join(models)}: batch 1 × T tokens, bf16 params and compute")
+  print("| model | TP | T | optimizer | layout | args GiB | temp GiB | alias GiB | live peak GiB | "
+        "params GiB | opt state GiB | peak - args GiB | init peak GiB | "
+        "step ms | tokens/s |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    if "error" in r:
+      print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
+            f"{r['layout']} | {r['error']} |"
+            " | | | | | | | | |")
+      continue
+    g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
+    # What the peak holds besides the step's arguments (this device's
+    # weights, optimizer state and batch): activations and temporaries.
+    rest = ("n/a" if r.get("peak_bytes") is None else
+            f"{(r['peak_bytes'] - r['argument_size_in_bytes']) / GiB:.2f}")
+    layout = r["layout"] + ("" if r.get("attention", "einsum") == "einsum"
+                            else f", {r['attention']} attention")
+    print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | {layout} | "
+          f"{g('argument_size_in_bytes')} | {g('temp_size_in_bytes')} | "
+          f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
+          f"{g('optimizer_state_bytes')} | {rest} | {g('init_peak_bytes')} | "
+          f"{r['step_s'] * 1e3:.1f} | "
+          f"{r['tokens_per_s']:,.0f} |")
 
 
 def main(argv=None):
@@ -154,14 +204,33 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=6)
   p.add_argument("--tp", type=int, default=1,
                  help="tensor parallelism over this many GPUs (fused variants)")
+  p.add_argument("--attention", default="einsum",
+                 choices=("einsum", "xla", "cudnn", "auto"),
+                 help="LlamaConfig.attention (cudnn: flash attention, no "
+                 "S x S scores in memory)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
+  p.add_argument("--table-from", nargs="+", metavar="FILE",
+                 help="print the table of earlier runs (their JSON, or logs "
+                 "with one JSON row per line) instead of measuring")
   a = p.parse_args(argv)
+  if a.table_from:
+    rows = []
+    for path in a.table_from:
+      with open(path) as f:
+        text = f.read()
+      try:
+        rows += json.loads(text)
+      except json.JSONDecodeError:
+        rows += [json.loads(x) for x in text.splitlines()
+                 if x.startswith("{") and '"optimizer"' in x]
+    print_table(rows)
+    return rows
   if a.one:
     t, opt, layout = a.one.split(":")
     print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
-                                         a.tp)))
+                                         a.tp, a.attention)))
     return None
   rows = []
   for t in [int(v) for v in a.tokens.split(",")]:
@@ -172,6 +241,7 @@ def main(argv=None):
                            f"{OPTIMIZERS}, layouts {LAYOUTS}")
         cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
+               "--attention", a.attention,
                "--one", f"{t}:{opt}:{layout}"]
         try:
           proc = subprocess.run(cmd, capture_output=True, text=True,
@@ -185,21 +255,7 @@ def main(argv=None):
                      error=f"timeout after {a.timeout} s")
         rows.append(row)
         print(json.dumps(row), flush=True)
-  print(f"\n{a.model}: batch 1 × T tokens, bf16 params and compute")
-  print("| T | optimizer | layout | args GiB | temp GiB | alias GiB | live peak GiB | "
-        "params GiB | opt state GiB | step ms | tokens/s |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    if "error" in r:
-      print(f"| {r['tokens']} | {r['optimizer']} | {r['layout']} | {r['error']} |"
-            " | | | | | | |")
-      continue
-    g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
-    print(f"| {r['tokens']} | {r['optimizer']} | {r['layout']} | "
-          f"{g('argument_size_in_bytes')} | {g('temp_size_in_bytes')} | "
-          f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
-          f"{g('optimizer_state_bytes')} | {r['step_s'] * 1e3:.1f} | "
-          f"{r['tokens_per_s']:,.0f} |")
+  print_table(rows)
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, f"memory_{a.model}_{int(time.time())}.json")
   with open(path, "w") as f:

@@ -75,6 +75,9 @@ class TrainConfig:
   # FOAM (fold-adam*): fold level l and the scale α of the folded group.
   fold_level: int = 2
   fold_scale: float = 0.25
+  # fold-adam*: also fold the embedding (and an untied LM head) instead of
+  # keeping them on AdamW as the paper does: all matrices folded.
+  fold_embeddings: bool = False
   # Muon's learning rate for the matrices (its AdamW part uses learning_rate).
   muon_learning_rate: float = 0.02
   learning_rate: float | None = None
@@ -140,6 +143,10 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
       *FUSED, "fold-adam", "fold-adam-noresidual"):
     raise ValueError(f"moment_dtype applies to forge-adamw and fold-adam, not "
                      f"{cfg.optimizer} (whose optax state stays as optax keeps it)")
+  if cfg.fold_embeddings and cfg.optimizer not in ("fold-adam",
+                                                   "fold-adam-noresidual"):
+    raise ValueError("fold_embeddings applies to fold-adam and "
+                     f"fold-adam-noresidual, not {cfg.optimizer}")
   if not 0 <= cfg.fold_level <= 16:
     raise ValueError(f"fold_level={cfg.fold_level} must be in [0, 16]")
   if cfg.stop_at is not None and cfg.stop_at < 1:
@@ -176,8 +183,10 @@ def unfused_tx(cfg: TrainConfig, lr, hp, moments) -> optax.GradientTransformatio
   if cfg.optimizer == "optax-adamw":
     return optax.adamw(lr, **hp)
   if cfg.optimizer in ("fold-adam", "fold-adam-noresidual"):
+    # Norm scales are 1-D (plain AdamW either way); the name keeps them so.
+    unfolded = dict(unfolded=("norm",)) if cfg.fold_embeddings else {}
     return fj.hybrid_fold_adam(
-        lr, cfg.fold_level, cfg.fold_scale, **hp, **moments,
+        lr, cfg.fold_level, cfg.fold_scale, **hp, **unfolded, **moments,
         residual=cfg.optimizer == "fold-adam")
   if cfg.optimizer == "adafactor":
     # Factored second moments and update clipping (optax's defaults); absolute
@@ -430,6 +439,9 @@ def parse_args(argv=None) -> TrainConfig:
                  help="fold-adam: blocks of 2**l elements (FOAM)")
   p.add_argument("--fold-scale", type=float, default=TrainConfig.fold_scale,
                  help="fold-adam: scale α of the folded group")
+  p.add_argument("--fold-embeddings", action="store_true",
+                 help="fold-adam: fold the embedding and LM head too (every "
+                 "matrix folded; the paper keeps them on AdamW)")
   p.add_argument("--muon-learning-rate", type=float,
                  default=TrainConfig.muon_learning_rate)
   p.add_argument("--moment-dtype", default=TrainConfig.moment_dtype,

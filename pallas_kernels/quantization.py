@@ -217,11 +217,26 @@ def state_dtype(name: str, dtype) -> jnp.dtype:
 
 
 def full_state(shape, value: float, dtype, nonnegative: bool):
-  """A state array of ``shape`` filled with ``value``, stored as ``dtype``."""
-  x = jnp.full(shape, value, jnp.float32)
+  """A state array of ``shape`` filled with ``value``, stored as ``dtype``.
+
+  Built at its stored size: no fp32 array of ``shape`` is made on the way
+  (eager initialization of the int8 moments of an 8B model would otherwise
+  hold an fp32 copy of the largest leaf). The result is
+  ``quantize(jnp.full(shape, value), nonnegative)`` for int8 (every block,
+  a padded last one included, quantizes a constant to the same code and
+  scale; the scale may differ from that of a compiled ``quantize`` of the
+  whole array by 1 ulp, how XLA compiles absmax / 127) and ``jnp.full(shape, value, float32).astype(dtype)`` otherwise.
+  """
+  shape = tuple(shape)
+  value = jnp.asarray(value, jnp.float32)
   if jnp.dtype(dtype) == CODE_DTYPE:
-    return quantize(x, nonnegative)
-  return x.astype(dtype)
+    if math.prod(shape) == 0:
+      return quantize(jnp.zeros(shape, jnp.float32), nonnegative)
+    one = quantize(jnp.full((BLOCK_SIZE,), value), nonnegative)
+    return QuantizedArray(jnp.full(shape, one.codes[0], CODE_DTYPE),
+                          jnp.full(scale_shape(shape), one.scale[0], jnp.float32),
+                          nonnegative)
+  return jnp.full(shape, value.astype(dtype), dtype)
 
 
 def state_to_f32(s) -> jax.Array:

@@ -64,7 +64,9 @@ def test_backward_holds_one_stack(rng):
 
   t_scan, t_inplace = temp(_loss_scan), temp(_loss_inplace)
   assert t_scan >= 0.9 * stack_bytes          # lax.scan: a fresh stacked gradient
-  assert t_inplace <= 0.25 * stack_bytes      # in place: activations only
+  # In place: a layer's slices and activations, not a second stack (CPU:
+  # <= 0.25 of the stack; H200, jax 0.11.2: 0.27).
+  assert t_inplace <= 0.4 * stack_bytes
 
 
 @pytest.mark.parametrize("bad,match", [

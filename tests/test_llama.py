@@ -229,6 +229,42 @@ def test_fused_step_with_scanned_layers_equals_unrolled(tiny):
       rtol=1e-5, atol=1e-6)
 
 
+def test_fused_head_equals_unfused_adamw(tiny):
+  """head_cls=ForgeDense: the lm_head (D, V=61, not a tile multiple) is
+  updated by its own fused backward, as optax.adamw would update it."""
+  import forge_jax as fj
+  tokens = tiny[0]
+  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2),
+                            implementation="xla")
+  fused = Llama(TINY, dense_cls=dense, head_cls=dense)
+  plain = Llama(TINY)
+  v = fused.init(jax.random.key(0), tokens)
+  assert ("lm_head",) in {p[:1] for p in fj.fused_kernel_paths(v["forge_state"])}
+  batch = (tokens[:, :-1], tokens[:, 1:])
+
+  def run(model, variables, tx):
+    state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
+    step = fj.make_train_step(lambda vv, b: cross_entropy_loss(
+        model.apply(vv, b[0]), b[1]))
+    for _ in range(3):
+      state, _ = step(state, batch)
+    return state
+
+  copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (the step donates)
+  a = run(fused, copy(v), optax.adamw(1e-2))
+  b = run(plain, {"params": copy(v["params"])}, optax.adamw(1e-2))
+  head = a.params["lm_head"]["kernel"]
+  assert not np.allclose(head, v["params"]["lm_head"]["kernel"])  # it moved
+  np.testing.assert_allclose(head, b.params["lm_head"]["kernel"], rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_head_cls_with_tied_embeddings_is_refused():
+  cfg = dataclasses.replace(TINY, tie_embeddings=True)
+  with pytest.raises(ValueError, match="head_cls was given but config.tie_embeddings"):
+    _abstract_init(cfg, head_cls=nn.Dense)
+
+
 def test_preset_sizes_and_overrides():
   assert PRESETS["cpu-tiny"].vocab_size == 256
   assert 55e6 <= num_params(PRESETS["60m"]) <= 65e6
@@ -250,6 +286,7 @@ def test_preset_sizes_and_overrides():
     ({"n_layers": 0}, "n_layers"),
     ({"vocab_size": -1}, "vocab_size"),
     ({"ffn_dim": 2.5}, "ffn_dim"),
+    ({"attention": "flash"}, "attention"),
 ])
 def test_bad_config_raises(overrides, field):
   with pytest.raises(ValueError, match=field):
@@ -366,6 +403,28 @@ def test_attention_matches_per_head_reference(n_kv_heads):
       heads.append(p @ v[:, kv])
     ref[bi] = np.concatenate(heads, axis=-1) @ w["o_proj"]
   np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_dot_product_attention_matches_einsum(dtype, tol, qk_norm):
+  """attention='xla' (jax.nn.dot_product_attention, grouped kv heads) is the
+  explicit einsum attention, forward and gradients, causal mask included."""
+  cfg = dataclasses.replace(TINY, dtype=dtype, qk_norm=qk_norm, n_kv_heads=2)
+  tokens = _tokens(cfg, seq=13)
+  params = Llama(cfg).init(jax.random.PRNGKey(3), tokens)["params"]
+
+  def loss(p, attention):
+    model = Llama(dataclasses.replace(cfg, attention=attention))
+    return cross_entropy_loss(model.apply({"params": p}, tokens[:, :-1]),
+                              tokens[:, 1:])
+
+  (la, ga), (lb, gb) = (jax.value_and_grad(loss)(params, a)
+                        for a in ("einsum", "xla"))
+  np.testing.assert_allclose(float(lb), float(la), rtol=tol)
+  for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.linalg.norm(a - b) <= tol * np.linalg.norm(a) + 1e-7
 
 
 def test_gqa_equals_mha_with_repeated_kv_weights(tiny):

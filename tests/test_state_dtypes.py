@@ -114,6 +114,35 @@ def test_degenerate_shapes(shape):
     assert u["w"].shape == shape
 
 
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (64,), (3, 65), (2, 5, 130)])
+@pytest.mark.parametrize("value", [0.0, 0.1, -3.25])
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_full_state_equals_quantizing_a_full_array(shape, value, nonnegative):
+  if nonnegative and value < 0:
+    value = -value
+  got = q.full_state(shape, value, jnp.int8, nonnegative)
+  want = q.quantize(np.full(shape, value, np.float32), nonnegative)
+  assert got.codes.dtype == want.codes.dtype and got.nonnegative == nonnegative
+  np.testing.assert_array_equal(np.asarray(got.codes), np.asarray(want.codes))
+  # absmax / 127: XLA may compile the division differently for the two
+  # shapes (1 ulp).
+  np.testing.assert_allclose(np.asarray(got.scale), np.asarray(want.scale),
+                             rtol=2.5e-7, atol=0)
+  for dtype in (jnp.float32, jnp.bfloat16):
+    arr = q.full_state(shape, value, dtype, nonnegative)
+    assert arr.dtype == dtype and arr.shape == shape
+    np.testing.assert_array_equal(
+        np.asarray(arr, np.float32),
+        np.asarray(jnp.full(shape, value, jnp.float32).astype(dtype), np.float32))
+
+
+def test_int8_state_init_makes_no_fp32_array_of_the_param_shape():
+  # Eager init of int8 moments for a large leaf must not hold fp32 of it.
+  shape = (4, 256, 512)
+  jaxpr = str(jax.make_jaxpr(lambda: q.full_state(shape, 0.0, jnp.int8, True))())
+  assert "f32[4,256,512]" not in jaxpr and "i8[4,256,512]" in jaxpr
+
+
 def test_state_dtype_is_validated():
   with pytest.raises(ValueError, match="mu_dtype=.*float16.* must be one of"):
     fj.adamw(1e-3, mu_dtype=jnp.float16)

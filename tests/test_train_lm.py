@@ -77,6 +77,21 @@ def test_fused_fold_adam_tracks_unfused_fold_adam(text_file, tmp_path):
     assert abs(a["loss"] - b["loss"]) < 1e-4
 
 
+def test_fold_embeddings_folds_the_embedding_and_head_too(text_file, tmp_path):
+  kw = dict(steps=2, eval_every=2, optimizer="fold-adam", fold_level=3)
+  paper = train_lm.main(_cfg(text_file, tmp_path / "p", **kw))
+  folded = train_lm.main(_cfg(text_file, tmp_path / "f", fold_embeddings=True, **kw))
+  assert np.isfinite([r["loss"] for r in folded["records"]]).all()
+  # The embedding (vocab, d_model) and the untied head (d_model, vocab),
+  # fp32 mu and nu: folded along the last axis in blocks of 8 (padded).
+  m = folded["model"]
+  shapes = [(m["vocab_size"], m["d_model"])]
+  if not m["tie_embeddings"]:
+    shapes.append((m["d_model"], m["vocab_size"]))
+  saved = sum(2 * 4 * (a * b - a * -(-b // 8)) for a, b in shapes)
+  assert paper["optimizer_state_bytes"] - folded["optimizer_state_bytes"] == saved
+
+
 @pytest.mark.parametrize("optimizer,kw", [  # optax-adamw: the baseline test above
     ("fold-adam", dict(moment_dtype="int8")),
     ("adafactor", {}), ("muon", {}),
@@ -94,6 +109,7 @@ def test_every_optimizer_and_mode_trains(text_file, tmp_path, optimizer, kw):
     (dict(optimizer="adafactor", moment_dtype="int8"), "moment_dtype applies to"),
     (dict(param_dtype="float16"), "param_dtype='float16'"),
     (dict(fold_level=-1), "fold_level=-1"),
+    (dict(fold_embeddings=True), "fold_embeddings applies to"),
     (dict(preset="huge"), "preset='huge'"),
     (dict(optimizer="sgd"), "optimizer='sgd'"),
     (dict(steps=0), "steps=0"),

@@ -10,8 +10,9 @@ configurable ``dense_cls`` of :class:`Llama` (default
 :class:`flax.linen.Dense`), so a caller can swap in any drop-in replacement
 with the same constructor signature and a ``(B, S, d_in) -> (B, S, d_out)``
 call. Projection kernels are always 2-D ``(in, out)``; heads are formed by
-reshaping after the projection. The ``lm_head`` is always a plain
-:class:`flax.linen.Dense`.
+reshaping after the projection. The untied ``lm_head`` is built by
+``head_cls`` (default :class:`flax.linen.Dense`; a ForgeDense there keeps
+the (D, V) head gradient out of memory too).
 
 Shape legend used in the docstrings:
   B: batch size, S: sequence length, D: ``d_model``, H: ``n_heads``,
@@ -68,6 +69,10 @@ INIT_STD = 0.02
 # ---------------------------------------------------------------------------
 
 
+ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "auto")
+"""Values of ``LlamaConfig.attention``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
   """Hyper-parameters of a :class:`Llama` model.
@@ -107,6 +112,14 @@ class LlamaConfig:
       columns, o and down by rows (``ForgeDense.kernel_axes``); run the
       fused step under ``with jax.set_mesh(mesh):``. Needs ForgeDense
       projections; heads, kv heads and ``ffn_dim`` must divide by the axis.
+    attention: How causal attention is computed. ``"einsum"`` (default):
+      explicit fp32 scores ``(B, H, S, S)`` and softmax, materialized (and
+      their gradients in the backward pass: about 4·H·S² bytes per
+      block); ``"xla"``, ``"cudnn"`` or ``"auto"``:
+      :func:`jax.nn.dot_product_attention` with that ``implementation``
+      (``"cudnn"``: the fused flash-attention kernel on NVIDIA GPUs, no
+      S×S scores in memory; ``"auto"``: jax's choice, cuDNN where it
+      applies). All compute softmax in fp32 and agree to rounding.
 
   Raises:
     ValueError: If a field is invalid; the message names the field.
@@ -129,8 +142,12 @@ class LlamaConfig:
   qk_norm: bool = False
   scan_layers: bool = False
   tensor_parallel_axis: str | None = None
+  attention: str = "einsum"
 
   def __post_init__(self):
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, "
+                       f"got {self.attention!r}")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads",
                  "n_kv_heads", "ffn_dim", "max_seq_len"):
       value = getattr(self, name)
@@ -394,6 +411,15 @@ class Attention(nn.Module):
     q = apply_rotary_embedding(q, positions, cfg.rope_theta)
     k = apply_rotary_embedding(k, positions, cfg.rope_theta)
 
+    if cfg.attention != "einsum":
+      # (B, S, H, Dh) queries against (B, S, K, Dh) keys/values: jax groups
+      # query heads over kv heads itself (head i uses kv head i // n_rep).
+      out = jax.nn.dot_product_attention(
+          q, k, v, scale=1.0 / math.sqrt(hd), is_causal=True,
+          implementation=None if cfg.attention == "auto" else cfg.attention)
+      return dense(cfg.d_model, "o_proj", INIT_STD / math.sqrt(2 * cfg.n_layers),
+                   split="rows")(out.astype(cfg.dtype).reshape(b, s, h * hd))
+
     # GQA: query head i uses kv head i // n_rep.
     if cfg.n_rep > 1:
       k = jnp.repeat(k, cfg.n_rep, axis=2)
@@ -517,10 +543,16 @@ class Llama(nn.Module):
       block (not for ``lm_head``). Must accept the keyword arguments
       ``features, use_bias, dtype, param_dtype, kernel_init, name`` like
       :class:`flax.linen.Dense` and map ``(B, S, d_in) -> (B, S, features)``.
+    head_cls: Constructor of the untied ``lm_head`` (same contract as
+      ``dense_cls``; e.g. a ForgeDense with plain AdamW while the blocks
+      fold). ``None``: :class:`flax.linen.Dense`. A tied model has no
+      ``lm_head`` (its head is the embedding, updated unfused), so giving
+      ``head_cls`` with ``tie_embeddings`` raises ``ValueError``.
   """
 
   config: LlamaConfig
   dense_cls: Callable[..., nn.Module] = nn.Dense
+  head_cls: Callable[..., nn.Module] | None = None
 
   @nn.compact
   def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -538,6 +570,10 @@ class Llama(nn.Module):
         ``max_seq_len``.
     """
     cfg = self.config
+    if self.head_cls is not None and cfg.tie_embeddings:
+      raise ValueError(
+          "head_cls was given but config.tie_embeddings=True: a tied model has "
+          "no lm_head (its logits come from the embedding matrix)")
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be (B, S), got shape {tokens.shape}")
     if tokens.shape[1] > cfg.max_seq_len:
@@ -567,7 +603,8 @@ class Llama(nn.Module):
     if cfg.tie_embeddings:
       logits = embed.attend(x)
     else:
-      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
+      head_cls = nn.Dense if self.head_cls is None else self.head_cls
+      logits = head_cls(features=cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
                         param_dtype=cfg.param_dtype,
                         kernel_init=_normal(INIT_STD), name="lm_head")(x)
     return logits.astype(jnp.float32)
