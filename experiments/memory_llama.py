@@ -177,7 +177,7 @@ def print_table(rows: list[dict]) -> None:
   for r in rows:
     if "error" in r:
       print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
-            f"{r['layout']} | {r['error']} |"
+            f"{r['layout']}{'' if r.get('attention', 'einsum') == 'einsum' else ', ' + r['attention'] + ' attention'} | {r['error']} |"
             " | | | | | | | | |")
       continue
     g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
@@ -247,11 +247,16 @@ def main(argv=None):
           proc = subprocess.run(cmd, capture_output=True, text=True,
                                 timeout=a.timeout)
           line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+          # The exception's own line, not jax's traceback-filtering note.
+          err = [x for x in proc.stderr.strip().splitlines()
+                 if "Error" in x.split(":")[0] or "Exception" in x.split(":")[0]]
           row = (json.loads(line[-1][7:]) if line else dict(
-              model=a.model, tokens=t, optimizer=opt, layout=layout,
-              error=(proc.stderr.strip().splitlines() or ["?"])[-1][:300]))
+              model=a.model, tokens=t, optimizer=opt, layout=layout, tp=a.tp,
+              attention=a.attention,
+              error=(err or proc.stderr.strip().splitlines() or ["?"])[-1][:300]))
         except subprocess.TimeoutExpired:
           row = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
+                     tp=a.tp, attention=a.attention,
                      error=f"timeout after {a.timeout} s")
         rows.append(row)
         print(json.dumps(row), flush=True)

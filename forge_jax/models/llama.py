@@ -118,8 +118,10 @@ class LlamaConfig:
       block); ``"xla"``, ``"cudnn"`` or ``"auto"``:
       :func:`jax.nn.dot_product_attention` with that ``implementation``
       (``"cudnn"``: the fused flash-attention kernel on NVIDIA GPUs, no
-      S×S scores in memory; ``"auto"``: jax's choice, cuDNN where it
-      applies). All compute softmax in fp32 and agree to rounding.
+      S×S scores in memory; needs a GPU with cuDNN and bf16/fp16
+      compute; ``"auto"``: ``implementation=None``, jax's default, which in
+      jax 0.10 is the XLA path, not cuDNN). All compute softmax in fp32 and
+      agree to rounding.
 
   Raises:
     ValueError: If a field is invalid; the message names the field.
