@@ -371,6 +371,25 @@ def _projection(dense_cls, cfg: LlamaConfig, features: int, name: str,
     raise
 
 
+def _einsum_attention(q, k, v, cfg: LlamaConfig) -> jax.Array:
+  """Causal attention with explicit fp32 scores (``attention='einsum'``).
+
+  ``q`` (B, S, H, Dh), ``k``/``v`` (B, S, K, Dh) -> (B, S, H, Dh) of
+  ``cfg.dtype``; query head i uses kv head i // n_rep.
+  """
+  s = q.shape[1]
+  if cfg.n_rep > 1:
+    k = jnp.repeat(k, cfg.n_rep, axis=2)
+    v = jnp.repeat(v, cfg.n_rep, axis=2)
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                      preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(q.shape[-1]))
+  causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
+  scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
 class Attention(nn.Module):
   """Causal grouped-query self-attention with RoPE.
 
@@ -413,28 +432,16 @@ class Attention(nn.Module):
     q = apply_rotary_embedding(q, positions, cfg.rope_theta)
     k = apply_rotary_embedding(k, positions, cfg.rope_theta)
 
-    if cfg.attention != "einsum":
+    if cfg.attention == "einsum":
+      out = _einsum_attention(q, k, v, cfg)
+    else:
       # (B, S, H, Dh) queries against (B, S, K, Dh) keys/values: jax groups
       # query heads over kv heads itself (head i uses kv head i // n_rep).
       out = jax.nn.dot_product_attention(
           q, k, v, scale=1.0 / math.sqrt(hd), is_causal=True,
-          implementation=None if cfg.attention == "auto" else cfg.attention)
-      return dense(cfg.d_model, "o_proj", INIT_STD / math.sqrt(2 * cfg.n_layers),
-                   split="rows")(out.astype(cfg.dtype).reshape(b, s, h * hd))
-
-    # GQA: query head i uses kv head i // n_rep.
-    if cfg.n_rep > 1:
-      k = jnp.repeat(k, cfg.n_rep, axis=2)
-      v = jnp.repeat(v, cfg.n_rep, axis=2)
-
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
-                        preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / math.sqrt(hd))
-    causal = jnp.tril(jnp.ones((s, s), dtype=jnp.bool_))
-    scores = jnp.where(causal[None, None], scores,
-                       jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, h * hd)
+          implementation=None if cfg.attention == "auto" else cfg.attention
+      ).astype(cfg.dtype)
+    out = out.reshape(b, s, h * hd)
 
     o_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
     return dense(cfg.d_model, "o_proj", o_std, split="rows")(out)
