@@ -225,13 +225,13 @@ def full_state(shape, value: float, dtype, nonnegative: bool):
   ``quantize(jnp.full(shape, value), nonnegative)`` for int8 (every block,
   a padded last one included, quantizes a constant to the same code and
   scale; the scale may differ from that of a compiled ``quantize`` of the
-  whole array by 1 ulp, how XLA compiles absmax / 127) and ``jnp.full(shape, value, float32).astype(dtype)`` otherwise.
+  whole array by 1 ulp, how XLA compiles absmax / 127) and
+  ``jnp.full(shape, value, float32).astype(dtype)`` otherwise (empty and
+  0-d shapes included).
   """
   shape = tuple(shape)
   value = jnp.asarray(value, jnp.float32)
   if jnp.dtype(dtype) == CODE_DTYPE:
-    if math.prod(shape) == 0:
-      return quantize(jnp.zeros(shape, jnp.float32), nonnegative)
     one = quantize(jnp.full((BLOCK_SIZE,), value), nonnegative)
     return QuantizedArray(jnp.full(shape, one.codes[0], CODE_DTYPE),
                           jnp.full(scale_shape(shape), one.scale[0], jnp.float32),
