@@ -2,6 +2,7 @@
 
 One process per run keeps each run's ``peak_bytes_in_use`` its own and lets a
 crashed variant fail loudly without taking the others' numbers with it.
+Also reads back what the benchmark scripts print (``read_json_or_log``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,17 @@ import json
 import os
 import subprocess
 import sys
+
+
+def read_json_or_log(path: str, marker: str):
+  """The JSON a script wrote to ``path``, or, if ``path`` is its log, the list
+  of JSON rows printed on the lines that start with ``marker`` (``{"shape"``)."""
+  with open(path) as f:
+    text = f.read()
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError:
+    return [json.loads(x) for x in text.splitlines() if x.startswith(marker)]
 
 
 def slug(name: str) -> str:

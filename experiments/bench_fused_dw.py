@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import _runs
 from forge_jax._src.fold import FoldAdamRule
 from forge_jax.rules import ALL_RULES
 from pallas_kernels import quantization
@@ -296,14 +297,11 @@ def main(argv=None):
                  "the run's measured ones, e.g. 790e12,4.3e12")
   a = p.parse_args(argv)
   if a.table_from:
-    with open(a.table_from) as f:
-      text = f.read()
-    try:
-      saved = json.loads(text)
+    saved = _runs.read_json_or_log(a.table_from, '{"shape"')
+    if isinstance(saved, dict):
       rows, peaks = saved["rows"], (saved["peak_flops"], saved["peak_bw"])
-    except json.JSONDecodeError:  # a log: one row per line
-      rows = [json.loads(x) for x in text.splitlines() if x.startswith('{"shape"')]
-      peaks = None
+    else:  # a log: one row per line, no peaks
+      rows, peaks = saved, None
     if a.peaks:
       print_table(rows, *map(float, a.peaks.split(",")), "given")
     elif peaks:

@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+from experiments import _runs
+
 GiB = 1024**3
 OPTIMIZERS = ("optax", "forge-bf16", "forge-int8", "forge-fold-int8")
 LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
@@ -107,9 +109,13 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
   del variables
   jax.block_until_ready(state)
-  # The peak so far belongs to initialization, not to the step.
-  init_peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
-                for d in jax.devices()[:tp]]
+
+  def peak_bytes():  # the largest device's peak so far (None off the GPU)
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
+             for d in jax.devices()[:tp]]
+    return None if None in peaks else max(peaks)
+
+  init_peak = peak_bytes()  # initialization's, before any step
 
   def loss_fn(v, b):
     return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
@@ -147,18 +153,15 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     times.append(time.perf_counter() - t0)
     if not np.isfinite(float(m["loss"])):
       raise FloatingPointError(f"loss {float(m['loss'])} at step {i}")
-  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
-           for d in jax.devices()[:tp]]
-  stats = {"peak_bytes_in_use": max(peaks) if None not in peaks else None}
   median = float(np.median(times[2:] or times))
   return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
               optimizer=optimizer, layout=layout, tp=tp, attention=attention,
               **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
-              peak_bytes=stats.get("peak_bytes_in_use"), step_s=median,
+              peak_bytes=peak_bytes(), step_s=median,
               tokens_per_s=tokens / median, loss=float(m["loss"]),
               compile_s=compile_s,
-              init_peak_bytes=None if None in init_peaks else max(init_peaks),
+              init_peak_bytes=init_peak,
               device=jax.devices()[0].device_kind, jax=jax.__version__)
 
 
@@ -216,15 +219,8 @@ def main(argv=None):
                  "with one JSON row per line) instead of measuring")
   a = p.parse_args(argv)
   if a.table_from:
-    rows = []
-    for path in a.table_from:
-      with open(path) as f:
-        text = f.read()
-      try:
-        rows += json.loads(text)
-      except json.JSONDecodeError:
-        rows += [json.loads(x) for x in text.splitlines()
-                 if x.startswith("{") and '"optimizer"' in x]
+    rows = [r for path in a.table_from
+            for r in _runs.read_json_or_log(path, '{"model"')]
     print_table(rows)
     return rows
   if a.one:
@@ -243,6 +239,8 @@ def main(argv=None):
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
                "--attention", a.attention,
                "--one", f"{t}:{opt}:{layout}"]
+        variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
+                       tp=a.tp, attention=a.attention)  # for an error row
         try:
           proc = subprocess.run(cmd, capture_output=True, text=True,
                                 timeout=a.timeout)
@@ -251,13 +249,10 @@ def main(argv=None):
           err = [x for x in proc.stderr.strip().splitlines()
                  if "Error" in x.split(":")[0] or "Exception" in x.split(":")[0]]
           row = (json.loads(line[-1][7:]) if line else dict(
-              model=a.model, tokens=t, optimizer=opt, layout=layout, tp=a.tp,
-              attention=a.attention,
-              error=(err or proc.stderr.strip().splitlines() or ["?"])[-1][:300]))
+              variant, error=(err or proc.stderr.strip().splitlines()
+                              or ["?"])[-1][:300]))
         except subprocess.TimeoutExpired:
-          row = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
-                     tp=a.tp, attention=a.attention,
-                     error=f"timeout after {a.timeout} s")
+          row = dict(variant, error=f"timeout after {a.timeout} s")
         rows.append(row)
         print(json.dumps(row), flush=True)
   print_table(rows)
