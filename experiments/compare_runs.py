@@ -42,23 +42,24 @@ def main(argv=None) -> list[dict]:
   def curve(m, key):
     return {r["step"]: r[key] for r in m["records"] if key in r}
 
-  def mean_abs(a, b, upto=None):
-    steps = sorted(s for s in set(a) & set(b) if upto is None or s <= upto)
-    return (float(np.mean(np.abs([a[s] - b[s] for s in steps]))) if steps
-            else float("nan")), steps
+  def abs_diffs(a, b):  # step -> |a - b| over the steps both recorded
+    return {s: abs(a[s] - b[s]) for s in sorted(set(a) & set(b))}
+
+  def mean(d, upto=None):
+    v = [x for s, x in d.items() if upto is None or s <= upto]
+    return float(np.mean(v)) if v else float("nan")
 
   base_loss, base_val = curve(base, "loss"), curve(base, "val_loss")
   rows = []
   for path, m in zip(a.runs, runs):
-    loss = curve(m, "loss")
-    mean, common = mean_abs(loss, base_loss)
-    diff = np.abs([loss[s] - base_loss[s] for s in common] or [np.nan])
+    diff = abs_diffs(curve(m, "loss"), base_loss)
     s = m["summary"]
     rows.append({
-        "run": path, "optimizer": m["config"]["optimizer"], "steps": len(common),
-        "mean_abs_dloss": mean, "max_abs_dloss": float(diff.max()),
-        "mean_abs_dloss_first": {w: mean_abs(loss, base_loss, w)[0] for w in windows},
-        "mean_abs_dval_loss": mean_abs(curve(m, "val_loss"), base_val)[0],
+        "run": path, "optimizer": m["config"]["optimizer"], "steps": len(diff),
+        "mean_abs_dloss": mean(diff),
+        "max_abs_dloss": max(diff.values(), default=float("nan")),
+        "mean_abs_dloss_first": {w: mean(diff, w) for w in windows},
+        "mean_abs_dval_loss": mean(abs_diffs(curve(m, "val_loss"), base_val)),
         "median_step_ms": 1e3 * s["median_step_s"],
         "tokens_per_s": s["median_tokens_per_s"],
         "peak_gib": (s["peak_bytes"] or float("nan")) / GiB,
