@@ -11,8 +11,12 @@ inputs rotated over three buffers, W and state donated and fed back):
 * ``fused``: the Pallas Triton kernel (default tile configuration);
 
 beside the floor max(2·T·in·out / peak FLOP/s, bytes that must move / peak
-bandwidth), with both peaks measured in the same run (a bf16 matmul and an
-fp32 elementwise pass). The bytes that must move are x and dY once (bf16) plus
+bandwidth). The floor uses the H200's nominal peaks (790 TFLOP/s dense bf16,
+4.3 TB/s; ``--peaks`` to change them); the peaks measured in the same run (a
+bf16 matmul and a donated fp32 elementwise pass) are printed and saved beside
+them, and so is each case's achieved TFLOP/s and GB/s. (A measured matmul
+peak alone is no floor: XLA's dW itself ran faster than the square bf16
+matmul in earlier runs, 776 against 530-680 TFLOP/s.) The bytes that must move are x and dY once (bf16) plus
 W and every state read and written in their storage formats.
 
 Modes (AdamW's names; each optimizer stores its own states this way):
@@ -57,6 +61,8 @@ RULES = {r.name: r for r in ALL_RULES}
 # FOAM inside the kernel (folded moments, 2**l times smaller): opt-in names.
 FOLD_RULES = {r.name: r for r in (FoldAdamRule(2), FoldAdamRule(3), FoldAdamRule(4))}
 # mode -> (W dtype, state storage dtype, stochastic rounding)
+NOMINAL_PEAKS = "790e12,4.3e12"
+"""H200 dense bf16 matmul FLOP/s and HBM bytes/s used for the floor."""
 MODES = {
     "fp32": (jnp.float32, jnp.float32, False),
     "bf16-sr": (jnp.bfloat16, jnp.float32, True),
@@ -244,19 +250,33 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
               fused_s=t_fused, bytes=moved)
 
 
+def _parse_peaks(text: str) -> tuple[float, float]:
+  try:
+    flops, bw = (float(v) for v in text.split(","))
+  except ValueError:
+    raise SystemExit(f"--peaks: expected FLOPS,BYTES_PER_S (e.g. {NOMINAL_PEAKS}) "
+                     f"or 'measured', got {text!r}") from None
+  return flops, bw
+
+
 def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
-  """The markdown table of ``rows``, floors from the given peaks."""
-  print(f"\npeaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 matmul), "
-        f"{bw_peak / 1e12:.2f} TB/s")
+  """The markdown table of ``rows``, floors from the given peaks.
+
+  "% of floor" is floor / fused time (100% = at the floor); TFLOP/s and GB/s
+  are the fused kernel's achieved rates (2·T·in·out and the bytes that must
+  move, over its time); "xla dW TFLOP/s" is XLA's dW alone.
+  """
+  print(f"\nfloor peaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 "
+        f"matmul), {bw_peak / 1e12:.2f} TB/s")
   print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
         "torch AdamW ms | fused ms | fused % of floor | fused vs unfused | "
-        "fused vs torch | TFLOP/s | rel err |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "fused vs torch | TFLOP/s | GB/s | xla dW TFLOP/s | rel err |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     t, d_in, d_out = r["shape"]
     if "error" in r:
       print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | | | | | | | | | | "
-            f"{r['error']} |")
+            f"| | {r['error']} |")
       continue
     floor = max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak)
     torch_s = r["torch_adamw_s"] if (r["rule"], r["mode"]) == ("adamw", "fp32") else None
@@ -267,7 +287,9 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
           f"{r['unfused_s'] * 1e3:.3f} | {torch_ms} | {r['fused_s'] * 1e3:.3f} | "
           f"{100 * floor / r['fused_s']:.0f}% | "
           f"{r['unfused_s'] / r['fused_s']:.2f}x | {vs_torch} | "
-          f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | {r['rel_err']:.1e} |")
+          f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | "
+          f"{r['bytes'] / r['fused_s'] / 1e9:.0f} | "
+          f"{2 * t * d_in * d_out / r['xla_dw_s'] / 1e12:.0f} | {r['rel_err']:.1e} |")
 
 
 def main(argv=None):
@@ -292,9 +314,10 @@ def main(argv=None):
   p.add_argument("--table-from", metavar="FILE",
                  help="print the table of an earlier run (its JSON, or the "
                  "log with one JSON row per line) instead of measuring")
-  p.add_argument("--peaks", metavar="FLOPS,BYTES_PER_S",
-                 help="with --table-from: floors from these peaks instead of "
-                 "the run's measured ones, e.g. 790e12,4.3e12")
+  p.add_argument("--peaks", metavar="FLOPS,BYTES_PER_S", default=NOMINAL_PEAKS,
+                 help="the floor's peaks (default: the H200's nominal "
+                 f"{NOMINAL_PEAKS}); 'measured': this run's (or, with "
+                 "--table-from, that run's) measured peaks")
   a = p.parse_args(argv)
   if a.table_from:
     saved = _runs.read_json_or_log(a.table_from, '{"shape"')
@@ -302,12 +325,12 @@ def main(argv=None):
       rows, peaks = saved["rows"], (saved["peak_flops"], saved["peak_bw"])
     else:  # a log: one row per line, no peaks
       rows, peaks = saved, None
-    if a.peaks:
-      print_table(rows, *map(float, a.peaks.split(",")), "given")
+    if a.peaks != "measured":
+      print_table(rows, *_parse_peaks(a.peaks), "given")
     elif peaks:
       print_table(rows, *peaks, "measured in that run")
     else:
-      raise SystemExit("--table-from: a log without peaks needs --peaks")
+      raise SystemExit("--table-from: a log has no measured peaks; give --peaks")
     return rows
   known = {**RULES, **FOLD_RULES}
   for r in a.rules.split(","):
@@ -327,7 +350,11 @@ def main(argv=None):
     d_in, d_out = dims.split("x")
     shapes.append((int(t), int(d_in), int(d_out)))
   rng = np.random.default_rng(0)
-  flops_peak, bw_peak = measure_peaks(a.peak_size)
+  given = None if a.peaks == "measured" else _parse_peaks(a.peaks)
+  measured = measure_peaks(a.peak_size)
+  print(f"measured peaks: {measured[0] / 1e12:.0f} TFLOP/s (bf16 {a.peak_size}³ "
+        f"matmul), {measured[1] / 1e12:.2f} TB/s (fp32 pass)", flush=True)
+  flops_peak, bw_peak = given or measured
   rows = []
   for t, d_in, d_out in shapes:
     key = jax.random.key(int(rng.integers(2**31)))
@@ -351,11 +378,13 @@ def main(argv=None):
                          torch_adamw_s=t_torch, **r))
         print(json.dumps(rows[-1]), flush=True)
 
-  print_table(rows, flops_peak, bw_peak, "measured")
+  print_table(rows, flops_peak, bw_peak,
+              "measured" if a.peaks == "measured" else a.peaks)
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, f"bench_fused_dw_{int(time.time())}.json")
   with open(path, "w") as f:
-    json.dump({"peak_flops": flops_peak, "peak_bw": bw_peak,
+    json.dump({"peak_flops": measured[0], "peak_bw": measured[1],
+               "floor_peaks": [flops_peak, bw_peak],
                "device": jax.devices()[0].device_kind, "jax": jax.__version__,
                "python": platform.python_version(), "rows": rows}, f, indent=1)
   print(f"wrote {path}")

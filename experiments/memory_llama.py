@@ -25,6 +25,7 @@ per-block rematerialization (``remat``).
     python -m experiments.memory_llama --model cpu-tiny --tokens 64   # smoke test
     python -m experiments.memory_llama --tp 2 --optimizers forge-int8  # 2 GPUs
     python -m experiments.memory_llama --attention cudnn  # flash attention
+    python -m experiments.memory_llama --logits-dtype float32  # fp32 logits
 
 Prints one markdown table last and writes JSON to ``--out``.
 """
@@ -49,7 +50,8 @@ LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
 
 
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
-            steps: int = 6, tp: int = 1, attention: str = "einsum") -> dict:
+            steps: int = 6, tp: int = 1, attention: str = "einsum",
+            logits_dtype: str = "float32") -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
@@ -70,6 +72,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
       model_name, max_seq_len=max(tokens, 8), remat="remat" in layout,
       scan_layers=layout.startswith("scan"), dtype=jnp.bfloat16,
       param_dtype=jnp.bfloat16, attention=attention,
+      logits_dtype=jnp.dtype(logits_dtype),
       tensor_parallel_axis="model" if tp > 1 and optimizer != "optax" else None)
   mesh = None
   if tp > 1:
@@ -156,13 +159,24 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   median = float(np.median(times[2:] or times))
   return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
               optimizer=optimizer, layout=layout, tp=tp, attention=attention,
-              **analysis,
+              logits_dtype=logits_dtype, **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=peak_bytes(), step_s=median,
               tokens_per_s=tokens / median, loss=float(m["loss"]),
               compile_s=compile_s,
               init_peak_bytes=init_peak,
               device=jax.devices()[0].device_kind, jax=jax.__version__)
+
+
+def _layout_label(row: dict) -> str:
+  """The layout, plus the attention and logits dtype when not the defaults
+  of the first runs (einsum attention, float32 logits)."""
+  label = row["layout"]
+  if row.get("attention", "einsum") != "einsum":
+    label += f", {row['attention']} attention"
+  if row.get("logits_dtype", "float32") != "float32":
+    label += f", {row['logits_dtype'].replace('bfloat16', 'bf16')} logits"
+  return label
 
 
 def print_table(rows: list[dict]) -> None:
@@ -178,18 +192,16 @@ def print_table(rows: list[dict]) -> None:
         "step ms | tokens/s |")
   print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
+    layout = _layout_label(r)
     if "error" in r:
       print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
-            f"{r['layout']}{'' if r.get('attention', 'einsum') == 'einsum' else ', ' + r['attention'] + ' attention'} | {r['error']} |"
-            " | | | | | | | | |")
+            f"{layout} | {r['error']} | | | | | | | | | |")
       continue
     g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
     # What the peak holds besides the step's arguments (this device's
     # weights, optimizer state and batch): activations and temporaries.
     rest = ("n/a" if r.get("peak_bytes") is None else
             f"{(r['peak_bytes'] - r['argument_size_in_bytes']) / GiB:.2f}")
-    layout = r["layout"] + ("" if r.get("attention", "einsum") == "einsum"
-                            else f", {r['attention']} attention")
     print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | {layout} | "
           f"{g('argument_size_in_bytes')} | {g('temp_size_in_bytes')} | "
           f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
@@ -211,6 +223,10 @@ def main(argv=None):
                  choices=("einsum", "xla", "cudnn", "auto"),
                  help="LlamaConfig.attention (cudnn: flash attention, no "
                  "S x S scores in memory)")
+  p.add_argument("--logits-dtype", default="bfloat16",
+                 choices=("float32", "bfloat16"),
+                 help="LlamaConfig.logits_dtype: bfloat16 (the head's own "
+                 "output) keeps no fp32 T x V logits or gradient")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
@@ -226,7 +242,7 @@ def main(argv=None):
   if a.one:
     t, opt, layout = a.one.split(":")
     print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
-                                         a.tp, a.attention)))
+                                         a.tp, a.attention, a.logits_dtype)))
     return None
   rows = []
   for t in [int(v) for v in a.tokens.split(",")]:
@@ -237,10 +253,11 @@ def main(argv=None):
                            f"{OPTIMIZERS}, layouts {LAYOUTS}")
         cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
-               "--attention", a.attention,
+               "--attention", a.attention, "--logits-dtype", a.logits_dtype,
                "--one", f"{t}:{opt}:{layout}"]
         variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
-                       tp=a.tp, attention=a.attention)  # for an error row
+                       tp=a.tp, attention=a.attention,
+                       logits_dtype=a.logits_dtype)  # for an error row
         try:
           proc = subprocess.run(cmd, capture_output=True, text=True,
                                 timeout=a.timeout)

@@ -81,6 +81,9 @@ class TrainConfig:
   # Muon's learning rate for the matrices (its AdamW part uses learning_rate).
   muon_learning_rate: float = 0.02
   learning_rate: float | None = None
+  # Multiplies learning_rate (the preset's when unset); resolve() folds it in
+  # and leaves 1.0, so a resolved config shows the rate actually used.
+  learning_rate_scale: float = 1.0
   warmup_steps: int | None = None
   b1: float = 0.9
   b2: float = 0.95
@@ -127,6 +130,11 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
   filled = {k: preset[k] for k in preset
             if k != "model" and getattr(cfg, k) is None}
   cfg = dataclasses.replace(cfg, **filled)
+  if not cfg.learning_rate_scale > 0:
+    raise ValueError(f"learning_rate_scale={cfg.learning_rate_scale} must be > 0")
+  cfg = dataclasses.replace(
+      cfg, learning_rate=cfg.learning_rate * cfg.learning_rate_scale,
+      learning_rate_scale=1.0)
   for name in ("steps", "batch_size", "seq_len", "warmup_steps", "eval_every",
                "eval_batches", "checkpoint_every"):
     if getattr(cfg, name) < (0 if name == "warmup_steps" else 1):
@@ -185,9 +193,12 @@ def unfused_tx(cfg: TrainConfig, lr, hp, moments) -> optax.GradientTransformatio
   if cfg.optimizer in ("fold-adam", "fold-adam-noresidual"):
     # Norm scales are 1-D (plain AdamW either way); the name keeps them so.
     unfolded = dict(unfolded=("norm",)) if cfg.fold_embeddings else {}
+    # --moment-dtype is every group's, as for forge-adamw (fp32: optax.adamw).
+    adam = ({} if cfg.moment_dtype == "float32"
+            else dict(adam_moment_dtype=moments["mu_dtype"]))
     return fj.hybrid_fold_adam(
         lr, cfg.fold_level, cfg.fold_scale, **hp, **unfolded, **moments,
-        residual=cfg.optimizer == "fold-adam")
+        **adam, residual=cfg.optimizer == "fold-adam")
   if cfg.optimizer == "adafactor":
     # Factored second moments and update clipping (optax's defaults); absolute
     # steps on the same schedule as AdamW (not scaled by the parameter RMS);
@@ -353,7 +364,7 @@ def main(cfg: TrainConfig) -> dict:
         records = [r for r in json.load(f)["records"] if r["step"] <= start]
   header = {
       "config": dataclasses.asdict(cfg),
-      "model": {k: jnp.dtype(v).name if k in ("dtype", "param_dtype") else v
+      "model": {k: jnp.dtype(v).name if k in ("dtype", "param_dtype", "logits_dtype") else v
                 for k, v in dataclasses.asdict(mcfg).items()},
       "num_params": n_params,
       "fused_layers": fused_layers,
@@ -446,9 +457,12 @@ def parse_args(argv=None) -> TrainConfig:
                  default=TrainConfig.muon_learning_rate)
   p.add_argument("--moment-dtype", default=TrainConfig.moment_dtype,
                  choices=MOMENT_DTYPES,
-                 help="storage of AdamW's mu and nu (forge-adamw, fold-adam; "
-                 "int8: absmax blocks of 64)")
+                 help="storage of the moments of every group (forge-adamw; "
+                 "fold-adam: folded and AdamW groups; int8: absmax blocks of 64)")
   p.add_argument("--learning-rate", type=float)
+  p.add_argument("--learning-rate-scale", type=float, default=1.0,
+                 help="multiplies the learning rate (the preset's if "
+                 "--learning-rate is not given)")
   p.add_argument("--warmup-steps", type=int)
   p.add_argument("--eval-every", type=int)
   p.add_argument("--eval-batches", type=int)

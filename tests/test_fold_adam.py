@@ -304,6 +304,37 @@ def test_hybrid_labels_follow_the_paper():
   np.testing.assert_allclose(u["lm_head"]["kernel"], -1e-2, rtol=1e-5)
 
 
+def test_hybrid_adam_group_moment_dtype():
+  """adam_moment_dtype stores the AdamW group's moments so (int8: a quarter
+  and a bit of fp32) and, in fp32, computes optax.adamw's updates."""
+  k = jax.random.split(jax.random.key(11), 3)
+  params = {"embed": {"embedding": jax.random.normal(k[0], (50, 64))},
+            "layers_0": {"mlp": {"up_proj": {"kernel": jax.random.normal(k[1], (64, 32))}}}}
+  grads = [jax.tree.map(lambda p, i=i: jax.random.normal(jax.random.fold_in(k[2], i),
+                                                         p.shape), params)
+           for i in range(3)]
+
+  def run(**kw):
+    tx = fj.hybrid_fold_adam(1e-2, fold_level=2, weight_decay=0.1, **kw)
+    state, us = tx.init(params), []
+    for g in grads:
+      u, state = jax.jit(tx.update)(g, state, params)
+      us.append(u)
+    return us, state
+
+  (u_ref, s_ref), (u32, s32), (_, s8) = (
+      run(), run(adam_moment_dtype=jnp.float32), run(adam_moment_dtype=jnp.int8))
+  for a, b in zip(u_ref, u32):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+      assert rel_err(y, x) <= 1e-6
+
+  def embed_state_bytes(state):
+    return sum(x.nbytes for path, x in jax.tree_util.tree_leaves_with_path(state)
+               if "embed" in jax.tree_util.keystr(path))
+  assert embed_state_bytes(s32) == embed_state_bytes(s_ref) == 2 * 50 * 64 * 4
+  assert embed_state_bytes(s8) == 2 * 50 * 64 * (1 + 4 / 64)
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(fold_level=-1), "fold_level=-1 must be an int"),
     (dict(fold_level=2.0), "fold_level=2.0 must be an int"),

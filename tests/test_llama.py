@@ -287,6 +287,7 @@ def test_preset_sizes_and_overrides():
     ({"vocab_size": -1}, "vocab_size"),
     ({"ffn_dim": 2.5}, "ffn_dim"),
     ({"attention": "flash"}, "attention"),
+    ({"logits_dtype": jnp.int32}, "logits_dtype"),
 ])
 def test_bad_config_raises(overrides, field):
   with pytest.raises(ValueError, match=field):
@@ -427,6 +428,29 @@ def test_dot_product_attention_matches_einsum(dtype, tol, qk_norm):
     assert np.linalg.norm(a - b) <= tol * np.linalg.norm(a) + 1e-7
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu",
+                    reason="cuDNN flash attention exists on NVIDIA GPUs only; "
+                    "the CPU suite checks the same call with implementation='xla'")
+def test_cudnn_attention_matches_einsum_on_gpu():
+  """attention='cudnn' (flash attention, bf16) is the einsum attention."""
+  cfg = dataclasses.replace(TINY, d_model=128, n_heads=4, n_kv_heads=2,
+                            dtype=jnp.bfloat16, logits_dtype=jnp.bfloat16)
+  tokens = _tokens(cfg, seq=17)
+  params = Llama(cfg).init(jax.random.PRNGKey(3), tokens)["params"]
+
+  def loss(p, attention):
+    model = Llama(dataclasses.replace(cfg, attention=attention))
+    return cross_entropy_loss(model.apply({"params": p}, tokens[:, :-1]),
+                              tokens[:, 1:])
+
+  (la, ga), (lb, gb) = (jax.value_and_grad(loss)(params, a)
+                        for a in ("einsum", "cudnn"))
+  np.testing.assert_allclose(float(lb), float(la), rtol=3e-2)
+  for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.linalg.norm(a - b) <= 3e-2 * np.linalg.norm(a) + 1e-7
+
+
 def test_gqa_equals_mha_with_repeated_kv_weights(tiny):
   tokens, params, apply = tiny
   gqa = TINY
@@ -558,6 +582,68 @@ def test_cross_entropy_loss():
   lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
   ref = -np.mean(np.take_along_axis(lp, targets[..., None], -1))
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+def test_cross_entropy_gradient_matches_optax(dtype, tol):
+  # Odd sizes, fresh draws; the reference: optax on the fp32-cast logits,
+  # differentiated by JAX, its gradient cast to the logits' dtype.
+  k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
+  logits = (3 * jax.random.normal(k1, (3, 5, 37))).astype(dtype)
+  targets = jax.random.randint(k2, (3, 5), 0, 37)
+  weights = jax.random.normal(k3, (3, 5))  # a non-uniform cotangent
+
+  def ours(l):
+    return cross_entropy_loss(l, targets) + jnp.mean(
+        weights * llama._token_losses(l, targets))
+
+  def ref(l):
+    losses = optax.softmax_cross_entropy_with_integer_labels(
+        l.astype(jnp.float32), targets)
+    return jnp.mean(losses) + jnp.mean(weights * losses)
+
+  (v, g), (v_ref, g_ref) = jax.value_and_grad(ours)(logits), jax.value_and_grad(ref)(logits)
+  assert g.dtype == dtype and g.shape == logits.shape
+  np.testing.assert_allclose(v, v_ref, rtol=1e-6)
+  g, g_ref = np.asarray(g, np.float32), np.asarray(g_ref, np.float32)
+  assert np.abs(g - g_ref).max() <= tol * np.abs(g_ref).max()
+
+
+def test_cross_entropy_keeps_no_fp32_vocab_array_for_bf16_logits():
+  # The backward pass's residuals: the bf16 logits and (B, S) fp32 values,
+  # never an fp32 array of the logits' shape (optax's would keep one).
+  logits = jnp.ones((2, 8, 96), jnp.bfloat16)
+  targets = jnp.zeros((2, 8), jnp.int32)
+
+  def residual_shapes(loss):
+    _, vjp = jax.vjp(lambda l: loss(l, targets), logits)
+    return {(x.shape, x.dtype) for x in jax.tree.leaves(vjp)
+            if hasattr(x, "shape")}
+
+  ours = residual_shapes(cross_entropy_loss)
+  assert ((2, 8, 96), jnp.dtype(jnp.float32)) not in ours
+  assert ((2, 8, 96), jnp.dtype(jnp.bfloat16)) in ours
+  plain = residual_shapes(lambda l, t: jnp.mean(
+      optax.softmax_cross_entropy_with_integer_labels(l.astype(jnp.float32), t)))
+  assert ((2, 8, 96), jnp.dtype(jnp.float32)) in plain  # the check can fail
+
+
+def test_cross_entropy_bad_input_raises():
+  with pytest.raises(ValueError, match="targets must have shape"):
+    cross_entropy_loss(jnp.zeros((2, 5, 7)), jnp.zeros((2, 4), jnp.int32))
+  with pytest.raises(ValueError, match="targets must be integer"):
+    cross_entropy_loss(jnp.zeros((2, 5, 7)), jnp.zeros((2, 5)))
+
+
+def test_logits_dtype(tiny):
+  tokens, params, _ = tiny
+  cfg = dataclasses.replace(TINY, dtype=jnp.bfloat16, logits_dtype=jnp.bfloat16)
+  out = Llama(cfg).apply({"params": params}, tokens)
+  ref = Llama(dataclasses.replace(cfg, logits_dtype=jnp.float32)).apply(
+      {"params": params}, tokens)
+  assert out.dtype == jnp.bfloat16 and ref.dtype == jnp.float32
+  # The head computes in bf16 either way: the fp32 logits are the same values.
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref))
 
 
 def test_adamw_reduces_loss_on_repeated_sequence(tiny):

@@ -384,3 +384,40 @@ def test_restore_into_another_state_or_param_dtype_is_refused(rng, tmp_path):
     fj.restore_checkpoint(tmp_path / "b", make(jnp.bfloat16, jnp.bfloat16))
   restored, _ = fj.restore_checkpoint(tmp_path, make(jnp.int8))
   assert restored.forge_state["fc1"]["mu"].codes.dtype == jnp.int8
+
+
+@pytest.mark.parametrize("name", ["adamw", "lion", "rmsprop"])
+@pytest.mark.parametrize("shape", [(37, 192), (16, 3, 64), (1000,)])
+def test_large_int8_leaves_updated_in_slabs_equal_the_whole(monkeypatch, name, shape):
+  """A leaf past 2·CHUNK_ELEMENTS gets its int8 states in row slabs (a loop
+  and a partial last slab): bit for bit the states of the whole-leaf update,
+  and the same direction; 1-D leaves are never split."""
+  from forge_jax._src import transforms
+  make = {"adamw": lambda: fj.adamw(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8,
+                                    weight_decay=0.1),
+          "lion": lambda: fj.lion(1e-3, mu_dtype=jnp.int8),
+          "rmsprop": lambda: fj.rmsprop(1e-3, nu_dtype=jnp.int8)}[name]
+  k = jax.random.split(jax.random.key(5), 4)
+  params = {"w": jax.random.normal(k[0], shape, jnp.bfloat16),
+            "b": jax.random.normal(k[1], (shape[-1],), jnp.float32)}
+  grads = [jax.tree.map(lambda p, i=i: jax.random.normal(
+      jax.random.fold_in(k[2], i), p.shape, p.dtype), params) for i in range(3)]
+
+  def run(chunk_elements):
+    monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", chunk_elements)
+    tx = make()
+    state, outs = tx.init(params), []
+    step = jax.jit(tx.update)
+    for g in grads:
+      u, state = step(g, state, params)
+      outs.append(u)
+    return outs, state, jax.make_jaxpr(tx.update)(grads[0], state, params)
+
+  whole, whole_state, jaxpr_whole = run(1 << 30)
+  slabs, slab_state, jaxpr_slabs = run(64 * 5)  # 5 rows of 64 per slab or so
+  split = len(shape) >= 2
+  looped = lambda jaxpr: any(w in str(jaxpr) for w in ("while[", "scan["))  # noqa: E731
+  assert looped(jaxpr_slabs) == split and not looped(jaxpr_whole)
+  for a, b in zip(jax.tree.leaves((whole, whole_state)),
+                  jax.tree.leaves((slabs, slab_state))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -116,11 +116,22 @@ def test_every_optimizer_and_mode_trains(text_file, tmp_path, optimizer, kw):
     (dict(dtype="float16"), "dtype='float16'"),
     (dict(stop_at=-5), "stop_at=-5"),
     (dict(learning_rate=-1.0), "learning_rate=-1.0"),
+    (dict(learning_rate_scale=0.0), "learning_rate_scale=0.0"),
 ])
 def test_bad_config_is_refused(text_file, tmp_path, kw, match):
   with pytest.raises(ValueError, match=match):
     train_lm.main(_cfg(text_file, tmp_path / "bad", **kw))
   assert not os.path.exists(tmp_path / "bad" / "checkpoints")
+
+
+def test_learning_rate_scale_multiplies_the_preset_rate():
+  preset_lr = train_lm.PRESETS["60m"]["learning_rate"]
+  cfg = train_lm.resolve(train_lm.TrainConfig(preset="60m", learning_rate_scale=2.0))
+  assert cfg.learning_rate == 2 * preset_lr and cfg.learning_rate_scale == 1.0
+  assert train_lm.resolve(cfg) == cfg  # folded in once: resolving again changes nothing
+  cfg = train_lm.resolve(train_lm.TrainConfig(preset="60m", learning_rate=1e-3,
+                                               learning_rate_scale=3.0))
+  assert cfg.learning_rate == pytest.approx(3e-3)
 
 
 def test_missing_text_file_is_refused(tmp_path):

@@ -38,6 +38,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from forge_jax._src import dense as dense_lib
@@ -93,7 +94,11 @@ class LlamaConfig:
     tie_embeddings: If True there is no ``lm_head``; logits are
       ``embed.attend(h)`` with the input embedding matrix.
     dtype: Compute dtype of activations and matmuls (e.g. ``jnp.bfloat16``).
-      Norms, RoPE, softmax and the returned logits are always float32.
+      Norms, RoPE and softmax are always float32.
+    logits_dtype: dtype of the returned logits (default float32). The head's
+      matmul already produces them in ``dtype``, so with bf16 compute
+      ``jnp.bfloat16`` here loses nothing and halves the largest activation,
+      ``(B, S, V)`` (and its gradient, with :func:`cross_entropy_loss`).
     param_dtype: Storage dtype of the parameters.
     remat: If True, wrap each block in ``nn.remat`` (activation
       checkpointing): less memory, one extra forward pass per block.
@@ -145,8 +150,16 @@ class LlamaConfig:
   scan_layers: bool = False
   tensor_parallel_axis: str | None = None
   attention: str = "einsum"
+  logits_dtype: DType = jnp.float32
 
   def __post_init__(self):
+    try:
+      floating = jnp.issubdtype(jnp.dtype(self.logits_dtype), jnp.floating)
+    except TypeError:
+      floating = False
+    if not floating:
+      raise ValueError(f"logits_dtype must be a floating dtype, got "
+                       f"{self.logits_dtype!r}")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, "
                        f"got {self.attention!r}")
@@ -571,7 +584,8 @@ class Llama(nn.Module):
       tokens: int32 ``(B, S)`` token ids with ``S <= config.max_seq_len``.
 
     Returns:
-      float32 ``(B, S, V)`` logits; position ``t`` depends only on
+      ``(B, S, V)`` logits in ``config.logits_dtype`` (float32 by default);
+      position ``t`` depends only on
       ``tokens[:, :t + 1]``.
 
     Raises:
@@ -616,7 +630,7 @@ class Llama(nn.Module):
       logits = head_cls(features=cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
                         param_dtype=cfg.param_dtype,
                         kernel_init=_normal(INIT_STD), name="lm_head")(x)
-    return logits.astype(jnp.float32)
+    return logits.astype(cfg.logits_dtype)
 
 
   def _fused_scanned_layers(self, x: jax.Array) -> jax.Array:
@@ -694,16 +708,56 @@ def tensor_parallel_specs(variables: Any, axis: str) -> Any:
   return jax.tree_util.tree_map_with_path(spec, variables)
 
 
+@jax.custom_vjp
+def _token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  return _token_losses_fwd(logits, targets)[0]
+
+
+def _token_losses_fwd(logits, targets):
+  lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return lse - target_logit.astype(jnp.float32), (logits, targets, lse)
+
+
+def _token_losses_bwd(residuals, g):
+  logits, targets, lse = residuals
+  # softmax - onehot in fp32, computed elementwise and written once in the
+  # logits' dtype: no fp32 (..., V) array is kept from the forward pass.
+  probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+  onehot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
+  dlogits = ((probs - onehot) * g[..., None]).astype(logits.dtype)
+  # Integer targets: their cotangent is float0.
+  return dlogits, np.zeros(targets.shape, jax.dtypes.float0)
+
+
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
+
+
 def cross_entropy_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Mean next-token cross-entropy.
+  """Mean next-token cross-entropy, -log softmax(logits)[target].
+
+  The softmax is computed in float32 whatever the logits' dtype; the
+  backward pass keeps only the logits themselves (in their own dtype) and
+  per-position log-sum-exps, and writes the logits' gradient once, in the
+  logits' dtype. With bf16 logits (``LlamaConfig.logits_dtype``) no fp32
+  ``(..., V)`` array is stored: for Llama-3.1-8B at 2048 tokens each such
+  array is 1 GiB. Equals ``optax.softmax_cross_entropy_with_integer_labels``
+  on the float32-cast logits, and its gradient, to float32 rounding.
 
   Args:
-    logits: ``(..., V)`` logits of any float dtype (upcast to float32).
-    targets: int ``(...)`` target ids, same leading shape as ``logits``.
+    logits: ``(..., V)`` logits of any float dtype.
+    targets: int ``(...)`` target ids in ``[0, V)``, same leading shape as
+      ``logits``.
 
   Returns:
     float32 scalar: mean over all target positions.
+
+  Raises:
+    ValueError: If the shapes do not match or ``targets`` is not integer.
   """
-  losses = optax.softmax_cross_entropy_with_integer_labels(
-      logits.astype(jnp.float32), targets)
-  return jnp.mean(losses)
+  if logits.shape[:-1] != targets.shape:
+    raise ValueError(f"targets must have shape logits.shape[:-1] = "
+                     f"{logits.shape[:-1]}, got {targets.shape}")
+  if not jnp.issubdtype(targets.dtype, jnp.integer):
+    raise ValueError(f"targets must be integer ids, got dtype {targets.dtype}")
+  return jnp.mean(_token_losses(logits, targets))

@@ -1,0 +1,41 @@
+"""The kernel benchmark checks every timed case and computes its floor (CPU smoke)."""
+
+import glob
+import json
+
+import pytest
+
+from experiments import bench_fused_dw
+
+
+def test_bench_checks_cases_and_floors_from_nominal_peaks(tmp_path, capsys):
+  rows = bench_fused_dw.main([
+      "--shapes", "40:48x80", "--rules", "adamw,fold_adam_l3", "--modes",
+      "fp32,int8", "--reps", "1", "--peak-size", "128", "--interpret",
+      "--out", str(tmp_path)])
+  assert len(rows) == 4
+  for r in rows:
+    assert "error" not in r, r
+    assert r["rel_err"] < 1e-4  # checked against the reference in the run
+    t, d_in, d_out = r["shape"]
+    # Floor from the H200's nominal peaks, not from the CPU's measured ones.
+    assert r["floor_s"] == pytest.approx(
+        max(2 * t * d_in * d_out / 790e12, r["bytes"] / 4.3e12))
+    assert r["fused_s"] > 0 and r["unfused_s"] > 0
+  # The folded rule moves fewer state bytes than AdamW in the same mode.
+  by = {(r["rule"], r["mode"]): r["bytes"] for r in rows}
+  assert by["fold_adam_l3", "fp32"] < by["adamw", "fp32"]
+  saved = json.load(open(glob.glob(str(tmp_path / "bench_fused_dw_*.json"))[0]))
+  assert saved["floor_peaks"] == [790e12, 4.3e12] and saved["peak_flops"] > 0
+  capsys.readouterr()
+  # Reprinting with another floor: the percentage of floor changes with it.
+  bench_fused_dw.main(["--table-from", glob.glob(str(tmp_path / "*.json"))[0],
+                       "--peaks", "1e9,1e9"])
+  table = capsys.readouterr().out
+  assert "floor peaks (given): 0 TFLOP/s" in table and "| 40 | 48→80 |" in table
+
+
+def test_bad_peaks_is_refused_before_measuring():
+  with pytest.raises(SystemExit, match="--peaks: expected FLOPS,BYTES_PER_S"):
+    bench_fused_dw.main(["--peaks", "1e12", "--shapes", "40:48x80",
+                         "--interpret"])
