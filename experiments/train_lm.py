@@ -84,6 +84,10 @@ class TrainConfig:
   # Multiplies learning_rate (the preset's when unset); resolve() folds it in
   # and leaves 1.0, so a resolved config shows the rate actually used.
   learning_rate_scale: float = 1.0
+  # Relative Gaussian noise on the initial params (0: none). A control for
+  # fused-vs-unfused comparisons: 1e-7 changes fp32 weights by about an ulp,
+  # as a different summation order does, and shows how far such a run drifts.
+  init_noise: float = 0.0
   warmup_steps: int | None = None
   b1: float = 0.9
   b2: float = 0.95
@@ -161,6 +165,8 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     raise ValueError(f"stop_at={cfg.stop_at} must be >= 1")
   if not cfg.learning_rate > 0:
     raise ValueError(f"learning_rate={cfg.learning_rate} must be > 0")
+  if not cfg.init_noise >= 0:
+    raise ValueError(f"init_noise={cfg.init_noise} must be >= 0")
   return cfg
 
 
@@ -218,6 +224,16 @@ def unfused_tx(cfg: TrainConfig, lr, hp, moments) -> optax.GradientTransformatio
   raise ValueError(f"optimizer={cfg.optimizer!r} must be one of {OPTIMIZERS}")
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _perturb(params, rel: float, key):
+  """Each param times (1 + rel · N(0, 1)), in its own dtype."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(key, max(len(leaves), 1))
+  return jax.tree.unflatten(treedef, [
+      (p * (1 + rel * jax.random.normal(k, p.shape, jnp.float32))).astype(p.dtype)
+      for p, k in zip(leaves, keys)])
+
+
 def build(cfg: TrainConfig, vocab_size: int):
   """Model, TrainState and jitted step for ``cfg`` (the step donates state)."""
   mcfg = model_config(cfg, vocab_size)
@@ -246,6 +262,9 @@ def build(cfg: TrainConfig, vocab_size: int):
   model = llama.Llama(mcfg, dense_cls=dense_cls)
   tokens = jnp.zeros((1, cfg.seq_len), jnp.int32)
   variables = jax.jit(model.init)(jax.random.key(cfg.seed), tokens)
+  if cfg.init_noise:
+    variables = {**variables, "params": _perturb(
+        variables["params"], cfg.init_noise, jax.random.key(cfg.seed + 1))}
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx,
                                seed=cfg.seed)
 
@@ -460,6 +479,9 @@ def parse_args(argv=None) -> TrainConfig:
                  help="storage of the moments of every group (forge-adamw; "
                  "fold-adam: folded and AdamW groups; int8: absmax blocks of 64)")
   p.add_argument("--learning-rate", type=float)
+  p.add_argument("--init-noise", type=float, default=0.0,
+                 help="relative Gaussian noise on the initial params (a "
+                 "control run: 1e-7 is about one fp32 ulp)")
   p.add_argument("--learning-rate-scale", type=float, default=1.0,
                  help="multiplies the learning rate (the preset's if "
                  "--learning-rate is not given)")

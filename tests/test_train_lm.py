@@ -117,6 +117,7 @@ def test_every_optimizer_and_mode_trains(text_file, tmp_path, optimizer, kw):
     (dict(stop_at=-5), "stop_at=-5"),
     (dict(learning_rate=-1.0), "learning_rate=-1.0"),
     (dict(learning_rate_scale=0.0), "learning_rate_scale=0.0"),
+    (dict(init_noise=-1.0), "init_noise=-1.0"),
 ])
 def test_bad_config_is_refused(text_file, tmp_path, kw, match):
   with pytest.raises(ValueError, match=match):
@@ -132,6 +133,18 @@ def test_learning_rate_scale_multiplies_the_preset_rate():
   cfg = train_lm.resolve(train_lm.TrainConfig(preset="60m", learning_rate=1e-3,
                                                learning_rate_scale=3.0))
   assert cfg.learning_rate == pytest.approx(3e-3)
+
+
+def test_init_noise_perturbs_the_start_slightly(text_file, tmp_path):
+  runs = {eps: train_lm.main(_cfg(text_file, tmp_path / f"n{eps}", steps=2,
+                                  optimizer="optax-adamw", init_noise=eps))
+          for eps in (0.0, 1e-4)}
+  again = train_lm.main(_cfg(text_file, tmp_path / "again", steps=2,
+                             optimizer="optax-adamw"))
+  first = {eps: r["records"][0]["loss"] for eps, r in runs.items()}
+  assert again["records"][0]["loss"] == first[0.0]  # no noise: the same run
+  assert first[1e-4] != first[0.0] and abs(first[1e-4] - first[0.0]) < 1e-2
+  assert runs[1e-4]["config"]["init_noise"] == 1e-4
 
 
 def test_missing_text_file_is_refused(tmp_path):
