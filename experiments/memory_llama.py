@@ -212,10 +212,14 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--model", default="llama3.1-8b")
+  p.add_argument("--model", default="llama3.1-8b",
+                 help="a forge_jax.models.llama preset: llama3.1-8b, qwen3-14b, "
+                 "qwen3-32b, cpu-tiny (smoke test), ... (default: %(default)s)")
   p.add_argument("--tokens", default="2048", help="comma-separated T values")
-  p.add_argument("--optimizers", default=",".join(OPTIMIZERS))
-  p.add_argument("--layouts", default="unrolled+remat,scan+remat")
+  p.add_argument("--optimizers", default=",".join(OPTIMIZERS),
+                 help=f"comma-separated, from {list(OPTIMIZERS)}")
+  p.add_argument("--layouts", default="unrolled+remat,scan+remat",
+                 help=f"comma-separated, from {list(LAYOUTS)} (default: %(default)s)")
   p.add_argument("--steps", type=int, default=6)
   p.add_argument("--tp", type=int, default=1,
                  help="tensor parallelism over this many GPUs (fused variants)")
@@ -226,7 +230,7 @@ def main(argv=None):
   p.add_argument("--logits-dtype", default="bfloat16",
                  choices=("float32", "bfloat16"),
                  help="LlamaConfig.logits_dtype: bfloat16 (the head's own "
-                 "output) keeps no fp32 T x V logits or gradient")
+                 "output, default) keeps no fp32 T x V logits or gradient")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant

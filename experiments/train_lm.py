@@ -476,8 +476,9 @@ def parse_args(argv=None) -> TrainConfig:
                  default=TrainConfig.muon_learning_rate)
   p.add_argument("--moment-dtype", default=TrainConfig.moment_dtype,
                  choices=MOMENT_DTYPES,
-                 help="storage of the moments of every group (forge-adamw; "
-                 "fold-adam: folded and AdamW groups; int8: absmax blocks of 64)")
+                 help="storage of every group's moments, for forge-adamw, "
+                 "forge-fold-adam, fold-adam and fold-adam-noresidual (fold-adam: "
+                 "the folded and the AdamW group; int8: absmax blocks of 64)")
   p.add_argument("--learning-rate", type=float)
   p.add_argument("--init-noise", type=float, default=0.0,
                  help="relative Gaussian noise on the initial params (a "
