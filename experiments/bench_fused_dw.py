@@ -254,8 +254,10 @@ def _parse_peaks(text: str) -> tuple[float, float]:
   try:
     flops, bw = (float(v) for v in text.split(","))
   except ValueError:
-    raise SystemExit(f"--peaks: expected FLOPS,BYTES_PER_S (e.g. {NOMINAL_PEAKS}) "
-                     f"or 'measured', got {text!r}") from None
+    flops = bw = float("nan")
+  if not (0 < flops < float("inf") and 0 < bw < float("inf")):
+    raise SystemExit(f"--peaks: expected FLOPS,BYTES_PER_S, both positive and "
+                     f"finite (e.g. {NOMINAL_PEAKS}), or 'measured'; got {text!r}")
   return flops, bw
 
 

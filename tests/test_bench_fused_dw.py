@@ -35,7 +35,8 @@ def test_bench_checks_cases_and_floors_from_nominal_peaks(tmp_path, capsys):
   assert "floor peaks (given): 0 TFLOP/s" in table and "| 40 | 48→80 |" in table
 
 
-def test_bad_peaks_is_refused_before_measuring():
+@pytest.mark.parametrize("peaks", ["1e12", "0,4.3e12", "nan,nan", "790e12,-1"])
+def test_bad_peaks_is_refused_before_measuring(peaks):
   with pytest.raises(SystemExit, match="--peaks: expected FLOPS,BYTES_PER_S"):
-    bench_fused_dw.main(["--peaks", "1e12", "--shapes", "40:48x80",
+    bench_fused_dw.main(["--peaks", peaks, "--shapes", "40:48x80",
                          "--interpret"])

@@ -609,6 +609,18 @@ def test_cross_entropy_gradient_matches_optax(dtype, tol):
   assert np.abs(g - g_ref).max() <= tol * np.abs(g_ref).max()
 
 
+def test_cross_entropy_negative_targets_count_from_the_end():
+  logits = jax.random.normal(jax.random.key(3), (2, 4, 11))
+  neg = jnp.array([[-1, 0, 3, -11], [10, -2, 5, 1]])
+  pos = jnp.where(neg < 0, neg + 11, neg)
+  for t in (neg, pos):
+    v, g = jax.value_and_grad(cross_entropy_loss)(logits, t)
+    v_ref, g_ref = jax.value_and_grad(lambda l: jnp.mean(
+        optax.softmax_cross_entropy_with_integer_labels(l, pos)))(logits)
+    np.testing.assert_allclose(v, v_ref, rtol=1e-6)
+    np.testing.assert_allclose(g, g_ref, atol=1e-7)
+
+
 def test_cross_entropy_keeps_no_fp32_vocab_array_for_bf16_logits():
   # The backward pass's residuals: the bf16 logits and (B, S) fp32 values,
   # never an fp32 array of the logits' shape (optax's would keep one).

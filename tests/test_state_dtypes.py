@@ -421,3 +421,23 @@ def test_large_int8_leaves_updated_in_slabs_equal_the_whole(monkeypatch, name, s
   for a, b in zip(jax.tree.leaves((whole, whole_state)),
                   jax.tree.leaves((slabs, slab_state))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devices of the "
+                    "default backend (CI: two host CPUs)")
+def test_sharded_leaves_are_not_split_into_slabs(monkeypatch):
+  """A leaf split over an explicit mesh axis keeps the whole-leaf update (a
+  slab of a row-split leaf would be gathered onto every device); the same
+  leaf unsharded is split."""
+  from forge_jax._src import transforms
+  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", 64)
+  mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+  tx = fj.adamw(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8)
+  for spec, slabs in ((("d", None), False), ((None, "d"), False), (None, True)):
+    w = jax.random.normal(jax.random.key(1), (8, 256))  # None: on one device
+    if spec is not None:
+      w = jax.device_put(w, jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec(*spec)))
+    state = tx.init({"w": w})
+    jaxpr = str(jax.make_jaxpr(tx.update)({"w": w}, state, {"w": w}))
+    assert any(k in jaxpr for k in ("while[", "scan[")) == slabs, spec

@@ -212,8 +212,14 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-CHUNK_ELEMENTS = 1 << 24
-"""Elements per slab when a quantized state's update is computed in slabs."""
+CHUNK_ELEMENTS: int | None = 1 << 24
+"""Elements per slab when a quantized state's update is computed in slabs.
+
+None turns slabs off: do so when params are split by rows over devices on a
+mesh of ``AxisType.Auto`` axes (FSDP along the leading axis), where each slab
+would be gathered onto every device. Leaves sharded over explicit mesh axes
+are never split (detected while tracing).
+"""
 
 
 def _chunk_rows(g, arrays) -> int | None:
@@ -223,15 +229,34 @@ def _chunk_rows(g, arrays) -> int | None:
   keeps the whole fp32 moment between the two passes (2 GiB for a
   Llama-3.1-8B embedding's, measured in the H200's buffer assignment, more
   than the int8 state itself). A leaf of at least 2·CHUNK_ELEMENTS
-  elements, 2-D or more, with an int8 state is therefore updated in slabs of
-  leading-axis rows (blocks lie along the last axis, so a slab holds whole
-  blocks); the values are the same, only the fp32 temporary is one slab.
+  elements, 2-D or more, with an int8 state and not known to be sharded
+  (see :func:`_sharded`) is therefore updated in slabs of leading-axis rows (blocks lie
+  along the last axis, so a slab holds whole blocks). The formulas are the
+  same; XLA may still round a slab's fused arithmetic differently from the
+  whole leaf's (1-ulp scale differences seen on the CPU in some chains;
+  bit-identical in the tests), and only the fp32 temporary is one slab.
   """
-  if g.ndim < 2 or g.size < 2 * CHUNK_ELEMENTS or not any(
-      isinstance(a, quantization.QuantizedArray) for a in arrays):
+  if (CHUNK_ELEMENTS is None or g.ndim < 2 or g.size < 2 * CHUNK_ELEMENTS
+      or not any(isinstance(a, quantization.QuantizedArray) for a in arrays)
+      or any(_sharded(x) for x in jax.tree.leaves((g, arrays)))):
     return None
   rows = max(1, CHUNK_ELEMENTS // (g.size // g.shape[0]))
   return rows if rows < g.shape[0] else None
+
+
+def _sharded(x) -> bool:
+  """True if ``x`` is known to be split over devices (an explicit mesh axis).
+
+  Slabs are for unsharded leaves: a slab of rows of a leaf split by rows
+  would be gathered onto every device, and explicit shardings would have to
+  be threaded through the loop. Under ``AxisType.Auto`` the sharding is not
+  known while tracing (set ``CHUNK_ELEMENTS = None`` for row-sharded params).
+  """
+  try:
+    spec = jax.typeof(x).sharding.spec
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return any(axis is not None for axis in spec)
 
 
 def _states_by_rows(rule_on, g, p, arrays, rows: int):

@@ -714,6 +714,9 @@ def _token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 def _token_losses_fwd(logits, targets):
+  # Negative ids count from the end, as take_along_axis (and optax) read
+  # them; the backward's one-hot must pick the same column.
+  targets = jnp.where(targets < 0, targets + logits.shape[-1], targets)
   lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   return lse - target_logit.astype(jnp.float32), (logits, targets, lse)
@@ -744,10 +747,14 @@ def cross_entropy_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
   array is 1 GiB. Equals ``optax.softmax_cross_entropy_with_integer_labels``
   on the float32-cast logits, and its gradient, to float32 rounding.
 
+  Reverse-mode only (a ``jax.custom_vjp``): ``jax.grad``, ``jax.hessian``
+  and forward-over-reverse work; ``jax.jvp`` / ``jax.jacfwd`` of the loss do
+  not (use optax's loss for those).
+
   Args:
     logits: ``(..., V)`` logits of any float dtype.
-    targets: int ``(...)`` target ids in ``[0, V)``, same leading shape as
-      ``logits``.
+    targets: int ``(...)`` target ids in ``[0, V)`` (negative ids count from
+      the end, as in optax), same leading shape as ``logits``.
 
   Returns:
     float32 scalar: mean over all target positions.
