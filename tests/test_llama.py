@@ -412,7 +412,12 @@ def test_dot_product_attention_matches_einsum(dtype, tol, qk_norm):
   """attention='xla' (jax.nn.dot_product_attention, grouped kv heads) is the
   explicit einsum attention, forward and gradients, causal mask included."""
   cfg = dataclasses.replace(TINY, dtype=dtype, qk_norm=qk_norm, n_kv_heads=2)
-  tokens = _tokens(cfg, seq=13)
+  _assert_attention_matches_einsum(cfg, "xla", seq=13, tol=tol)
+
+
+def _assert_attention_matches_einsum(cfg, attention, seq, tol):
+  """Loss and gradients with ``attention`` equal those of 'einsum'."""
+  tokens = _tokens(cfg, seq=seq)
   params = Llama(cfg).init(jax.random.PRNGKey(3), tokens)["params"]
 
   def loss(p, attention):
@@ -421,7 +426,7 @@ def test_dot_product_attention_matches_einsum(dtype, tol, qk_norm):
                               tokens[:, 1:])
 
   (la, ga), (lb, gb) = (jax.value_and_grad(loss)(params, a)
-                        for a in ("einsum", "xla"))
+                        for a in ("einsum", attention))
   np.testing.assert_allclose(float(lb), float(la), rtol=tol)
   for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -435,20 +440,7 @@ def test_cudnn_attention_matches_einsum_on_gpu():
   """attention='cudnn' (flash attention, bf16) is the einsum attention."""
   cfg = dataclasses.replace(TINY, d_model=128, n_heads=4, n_kv_heads=2,
                             dtype=jnp.bfloat16, logits_dtype=jnp.bfloat16)
-  tokens = _tokens(cfg, seq=17)
-  params = Llama(cfg).init(jax.random.PRNGKey(3), tokens)["params"]
-
-  def loss(p, attention):
-    model = Llama(dataclasses.replace(cfg, attention=attention))
-    return cross_entropy_loss(model.apply({"params": p}, tokens[:, :-1]),
-                              tokens[:, 1:])
-
-  (la, ga), (lb, gb) = (jax.value_and_grad(loss)(params, a)
-                        for a in ("einsum", "cudnn"))
-  np.testing.assert_allclose(float(lb), float(la), rtol=3e-2)
-  for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert np.linalg.norm(a - b) <= 3e-2 * np.linalg.norm(a) + 1e-7
+  _assert_attention_matches_einsum(cfg, "cudnn", seq=17, tol=3e-2)
 
 
 def test_gqa_equals_mha_with_repeated_kv_weights(tiny):
