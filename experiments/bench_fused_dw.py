@@ -9,6 +9,8 @@ inputs rotated over three buffers, W and state donated and fed back):
 * ``unfused``: XLA dW, then the same rule on the whole array, jitted with W
   and state donated (the unfused baseline, the same storage formats);
 * ``fused``: the Pallas Triton kernel (default tile configuration);
+* ``mosaic`` (``--mosaic``): the Pallas Mosaic GPU kernel (TMA + wgmma,
+  ``MosaicConfig.default``), where the case is in its scope (else the reason);
 
 beside the floor max(2·T·in·out / peak FLOP/s, bytes that must move / peak
 bandwidth). The floor uses the H200's nominal peaks (790 TFLOP/s dense bf16,
@@ -195,7 +197,7 @@ def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int) -> float | Non
 
 
 def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
-               tune=False):
+               tune=False, mosaic=False):
   """One (rule, mode, shape): checked, then unfused and fused timed."""
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
@@ -224,8 +226,8 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
       *flat, hp_ = flat
       w_, st = _unflat(flat, like)
       nw, ns = (fused_dw_update(x, dy, w_, st, hp_, rule=rule, seed=seed,
-                                implementation="triton", interpret=interpret)
-                if impl == "triton"
+                                implementation=impl, interpret=interpret)
+                if impl in ("triton", "mosaic")
                 else fused_dw_update_reference(x, dy, w_, st, hp_, rule=rule,
                                                seed=seed))
       return tuple(_flat(nw, ns))
@@ -242,12 +244,22 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   err = _rel_err(_flat(*got), _flat(*want))
   t_unfused = _time_stateful(unfused, sets, copy(), [hp], reps)
   t_fused = _time_stateful(fused, sets, copy(), [hp], reps)
+  extra = {}
+  if mosaic:
+    mosaic_fn = make("mosaic")
+    try:
+      got = _unflat(mosaic_fn(*sets[0], *copy(), hp), like)
+    except ValueError as e:  # outside the Mosaic kernel's scope: say why
+      extra = dict(mosaic_error=str(e).split(": ", 1)[-1][:120])
+    else:
+      extra = dict(mosaic_rel_err=_rel_err(_flat(*got), _flat(*want)),
+                   mosaic_s=_time_stateful(mosaic_fn, sets, copy(), [hp], reps))
   n = d_in * d_out
   n_state = int(np.prod(rule.state_shape((d_in, d_out))))
   moved = (2 * t * (d_in + d_out) + 2 * _storage_bytes(n, w_dtype)
            + 2 * len(rule.state_names) * _storage_bytes(n_state, state_dtype))
   return dict(rule=rule.name, mode=mode, rel_err=err, unfused_s=t_unfused,
-              fused_s=t_fused, bytes=moved)
+              fused_s=t_fused, bytes=moved, **extra)
 
 
 def _parse_peaks(text: str) -> tuple[float, float]:
@@ -266,14 +278,17 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
 
   "% of floor" is floor / fused time (100% = at the floor); TFLOP/s and GB/s
   are the fused kernel's achieved rates (2·T·in·out and the bytes that must
-  move, over its time); "xla dW TFLOP/s" is XLA's dW alone.
+  move, over its time); "xla dW TFLOP/s" is XLA's dW alone. Rows with a
+  Mosaic kernel time (``--mosaic``) get two more columns.
   """
+  mosaic = any("mosaic_s" in r or "mosaic_error" in r for r in rows)
   print(f"\nfloor peaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 "
         f"matmul), {bw_peak / 1e12:.2f} TB/s")
   print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
         "torch AdamW ms | fused ms | fused % of floor | fused vs unfused | "
-        "fused vs torch | TFLOP/s | GB/s | xla dW TFLOP/s | rel err |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "fused vs torch | TFLOP/s | GB/s | xla dW TFLOP/s | rel err |"
+        + (" mosaic ms | mosaic vs unfused |" if mosaic else ""))
+  print("|---" * (16 + 2 * mosaic) + "|")
   for r in rows:
     t, d_in, d_out = r["shape"]
     if "error" in r:
@@ -291,7 +306,15 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
           f"{r['unfused_s'] / r['fused_s']:.2f}x | {vs_torch} | "
           f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | "
           f"{r['bytes'] / r['fused_s'] / 1e9:.0f} | "
-          f"{2 * t * d_in * d_out / r['xla_dw_s'] / 1e12:.0f} | {r['rel_err']:.1e} |")
+          f"{2 * t * d_in * d_out / r['xla_dw_s'] / 1e12:.0f} | {r['rel_err']:.1e} |"
+          + (_mosaic_cells(r) if mosaic else ""))
+
+
+def _mosaic_cells(r) -> str:
+  if "mosaic_s" in r:
+    return (f" {r['mosaic_s'] * 1e3:.3f} | "
+            f"{r['unfused_s'] / r['mosaic_s']:.2f}x |")
+  return f" ({r.get('mosaic_error', 'not run')}) | |"
 
 
 def main(argv=None):
@@ -302,6 +325,8 @@ def main(argv=None):
   p.add_argument("--autotune", action="store_true",
                  help="tune each case's tile first (cached, see "
                  "pallas_kernels/fused_dw/autotune.py)")
+  p.add_argument("--mosaic", action="store_true",
+                 help="also time the Mosaic GPU kernel (implementation='mosaic')")
   p.add_argument("--torch", action="store_true",
                  help="also time PyTorch dW + torch.optim.AdamW(fused=True)")
   p.add_argument("--rules", default=",".join(RULES),
@@ -371,7 +396,7 @@ def main(argv=None):
       for mode in modes:
         try:
           r = bench_case(rule, mode, t, d_in, d_out, sets, a.reps, rng,
-                         a.interpret, a.autotune)
+                         a.interpret, a.autotune, a.mosaic)
         except Exception as e:  # reported, not hidden: the table shows it
           r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
                    f"{str(e)[:200]}", bytes=float("nan"))

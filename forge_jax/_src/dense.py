@@ -256,8 +256,11 @@ class ForgeDense(nn.Module):
       fused on the kernel. ``None`` makes a
       plain Dense without optimizer state, in a fused step too (its kernel is
       then trained by the step's optax ``tx``).
-    implementation: ``'xla'``, ``'triton'`` or ``None`` (the fused step's
-      choice, else the kernel on a GPU and the reference elsewhere).
+    implementation: ``'xla'``, ``'triton'``, ``'mosaic'`` (the Mosaic GPU
+      kernel: bf16 activations, no stochastic rounding or int8 state, tile-
+      divisible shapes; see ``pallas_kernels.fused_dw.kernel_mosaic``) or
+      ``None`` (the fused step's choice, else the Triton kernel on a GPU and
+      the reference elsewhere).
     stochastic_rounding: write a bfloat16 kernel back with stochastic
       rounding (unbiased; random bits from the run's seed, this layer's
       ``rounding_seed`` variable, the step count and the element index), else

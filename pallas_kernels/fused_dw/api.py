@@ -11,12 +11,14 @@ import numpy as np
 
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import autotune
+from pallas_kernels.fused_dw import kernel_mosaic
 from pallas_kernels.fused_dw import kernel_triton
+from pallas_kernels.fused_dw.kernel_mosaic import MosaicConfig
 from pallas_kernels.fused_dw.kernel_triton import FusedDWConfig
 from pallas_kernels.fused_dw.reference import fused_dw_update_reference
 
-Implementation = Literal["xla", "triton"]
-IMPLEMENTATIONS = ("xla", "triton")
+Implementation = Literal["xla", "triton", "mosaic"]
+IMPLEMENTATIONS = ("xla", "triton", "mosaic")
 _OPERAND_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
@@ -27,8 +29,11 @@ def resolve_implementation(implementation: str | None) -> str:
   block under ``jax.default_device(jax.devices('cpu')[0])`` on a GPU machine
   uses the reference), else the default backend.
 
+  ``'mosaic'`` (the Mosaic GPU kernel, Hopper) is only used when named.
+
   Raises:
-    ValueError: for a name other than ``'xla'``, ``'triton'`` or ``None``.
+    ValueError: for a name other than ``'xla'``, ``'triton'``, ``'mosaic'``
+      or ``None``.
   """
   if implementation is None:
     return "triton" if _default_platform() == "gpu" else "xla"
@@ -120,7 +125,7 @@ def fused_dw_update(
     *,
     rule,
     implementation: str | None = None,
-    config: FusedDWConfig | None = None,
+    config: FusedDWConfig | MosaicConfig | None = None,
     interpret: bool = False,
     seed: jax.Array | None = None,
     index_offset: tuple = (0, 0),
@@ -146,11 +151,16 @@ def fused_dw_update(
       ``ElementwiseRule.pack``); traced, so changing it does not recompile.
     rule: an ``ElementwiseRule`` (e.g. ``forge_jax.rules.ADAMW``).
     implementation: ``'xla'`` (unfused reference), ``'triton'`` (Pallas
-      kernel; needs a GPU unless ``interpret``) or ``None`` (the kernel on a
-      GPU, the reference elsewhere).
-    config: tile configuration of the kernel; if None, the one recorded by
+      Triton kernel; needs a GPU unless ``interpret``), ``'mosaic'`` (Pallas
+      Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY, no stochastic
+      rounding, no int8 or folded state, T/in/out divisible by its tile; not
+      in place: see :mod:`pallas_kernels.fused_dw.kernel_mosaic`) or
+      ``None`` (the Triton kernel on a GPU, the reference elsewhere).
+    config: tile configuration of the kernel: a ``FusedDWConfig`` for
+      ``'triton'`` (if None, the one recorded by
       ``pallas_kernels.fused_dw.autotune.autotune`` for this op (device,
-      shapes, dtypes, rule, state formats), else ``FusedDWConfig.default``.
+      shapes, dtypes, rule, state formats), else ``FusedDWConfig.default``),
+      a ``MosaicConfig`` for ``'mosaic'`` (default ``MosaicConfig.default``).
     interpret: run the Pallas kernel in interpret mode (for CPU tests).
     seed: uint32 scalar for stochastic rounding of a bfloat16 ``w``: element
       (i, j) uses the bits ``precision.random_bits(seed, count, i * out + j)``,
@@ -168,8 +178,10 @@ def fused_dw_update(
     decays the moments and applies weight decay), as unfused.
 
   Raises:
-    ValueError: on wrong shapes or dtypes, an unknown implementation, or a
-      ``config.block_n`` that is not a multiple of 64 with int8 state.
+    ValueError: on wrong shapes or dtypes, an unknown implementation, a
+      ``config.block_n`` that is not a multiple of 64 with int8 state, a
+      config of the other kernel, or an op outside the Mosaic kernel's scope
+      (the message says which condition).
     RuntimeError: for ``implementation='triton'`` without a GPU and without
       ``interpret``.
   """
@@ -200,9 +212,23 @@ def fused_dw_update(
                                      index_width=index_width)
   if not interpret and jax.default_backend() != "gpu":
     raise RuntimeError(
-        "implementation='triton' needs a GPU backend (found "
+        f"implementation={impl!r} needs a GPU backend (found "
         f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
         "in interpret mode, or implementation='xla' for the reference")
+  if impl == "mosaic":
+    if config is None:
+      config = MosaicConfig.default(x.shape[0], *w.shape)
+    if not isinstance(config, MosaicConfig):
+      raise ValueError(f"implementation='mosaic' needs a MosaicConfig, got "
+                       f"config={config!r}")
+    # index_offset/index_width only place stochastic-rounding bits, and the
+    # Mosaic kernel refuses a seed.
+    return kernel_mosaic.fused_dw_update_mosaic(
+        x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
+        seed=seed)
+  if config is not None and not isinstance(config, FusedDWConfig):
+    raise ValueError(f"implementation='triton' needs a FusedDWConfig, got "
+                     f"config={config!r}")
   quantized = any(isinstance(s, quantization.QuantizedArray) for s in state)
   # A tile must hold whole fold blocks (rule.min_block_n) and, for int8
   # state, whole quantization blocks of its state columns.

@@ -1,0 +1,431 @@
+"""Pallas Mosaic GPU kernel (Hopper: TMA + wgmma): dW = xᵀ·dY, optimizer in the epilogue.
+
+The same op as :mod:`pallas_kernels.fused_dw.kernel_triton`, written for the
+backend that JAX develops for Hopper: the token loop streams x and dY tiles
+into shared memory with TMA (``plgpu.emit_pipeline``, ``max_concurrent_steps``
+deep) and accumulates xᵀ·dY on the tensor cores with ``wgmma`` (x's tile is
+fed transposed from shared memory, so x is never transposed in HBM). The
+epilogue walks the (block_m, block_n) tile in (epi_m, epi_n) sub-tiles: W and
+each state sub-tile arrive by TMA into a double (or triple) buffer, are
+updated in registers by ``rule.update`` and leave by TMA. The gradient tile
+never leaves registers. Unlike the Triton kernel the outputs are new buffers
+(``plgpu.kernel`` has no input/output aliasing), so the op is not in place.
+
+Scope (checked by :func:`unsupported_reason`; the Triton kernel covers the
+rest): bf16 x and dY, W fp32 or bf16 rounded to nearest (no stochastic
+rounding), plain fp32/bf16 states of an elementwise rule (no int8, no folded
+moments), and T, in, out divisible by block_t, block_m, block_n.
+
+Rule arithmetic: the rule is traced once on tile-shaped avals; every equation
+that depends on the hyperparameters only (bias corrections such as
+``1 - b1**count``, whose ``pow`` Mosaic GPU does not lower) is evaluated
+outside the kernel by XLA and passed in as scalars; the per-element equations
+are replayed inside the kernel. The two paths therefore run the same
+equations as :func:`rule.update` on the unfused gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+try:  # Mosaic GPU Pallas (jax >= 0.5); absent builds only lose this backend.
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # pragma: no cover
+  plgpu = None
+
+try:
+  from jax._src.pallas.mosaic_gpu.interpret import params as _interpret_params
+except ImportError:  # pragma: no cover
+  _interpret_params = None
+
+try:
+  from jax.extend import core as _core
+  _Literal = _core.Literal
+except (ImportError, AttributeError):  # pragma: no cover
+  from jax import core as _core  # type: ignore
+  _Literal = _core.Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+  """Tile shape of the Mosaic GPU kernel.
+
+  Attributes:
+    block_m: rows of a W tile (the ``in`` axis): 64 or 128 (one warpgroup's
+      wgmma accumulator).
+    block_n: columns of a W tile (the ``out`` axis): a multiple of 64, ≤ 256.
+    block_t: tokens per pipeline step: 64 or 128.
+    max_concurrent_steps: depth of the TMA pipeline over tokens.
+    epi_m, epi_n: epilogue sub-tile (divides block_m, block_n; epi_m a
+      multiple of 64).
+    group_m: tile rows per L2 group of the 1-D grid ordering.
+    early_epilogue: issue the TMA loads of the first two epilogue sub-tiles
+      before the token loop (their latency hides behind the matmul; their
+      buffers then occupy shared memory during it).
+    transpose_x: pass xᵀ (in, T), transposed by XLA (one copy of x), so that
+      wgmma reads x's tile K-major; False feeds x's (T, in) tile to wgmma
+      through a transposed shared-memory view instead (no copy; not
+      supported by the CPU interpreter).
+    epi_slots: epilogue sub-tile buffers (2 or 3). With 2, the loads of
+      sub-tile s+2 wait until the stores of sub-tile s have left shared
+      memory; with 3, only until those of s-1 have (one more sub-tile of
+      shared memory).
+  """
+
+  block_m: int = 128
+  block_n: int = 128
+  block_t: int = 64
+  max_concurrent_steps: int = 3
+  epi_m: int = 64
+  epi_n: int = 64
+  group_m: int = 8
+  early_epilogue: bool = False
+  transpose_x: bool = True
+  epi_slots: int = 2
+
+  def __post_init__(self):
+    if self.block_m not in (64, 128):
+      raise ValueError(f"MosaicConfig.block_m={self.block_m} must be 64 or 128")
+    if self.block_n % 64 or not 64 <= self.block_n <= 256:
+      raise ValueError(
+          f"MosaicConfig.block_n={self.block_n} must be a multiple of 64 in [64, 256]")
+    if self.block_t not in (64, 128):
+      raise ValueError(f"MosaicConfig.block_t={self.block_t} must be 64 or 128")
+    if self.epi_slots not in (2, 3):
+      raise ValueError(f"MosaicConfig.epi_slots={self.epi_slots} must be 2 or 3")
+    if self.max_concurrent_steps < 1 or self.group_m < 1:
+      raise ValueError("MosaicConfig.max_concurrent_steps and group_m must be >= 1")
+    if (self.epi_m % 64 or self.block_m % self.epi_m
+        or self.epi_n % 16 or self.block_n % self.epi_n):
+      raise ValueError(
+          f"MosaicConfig epilogue sub-tile ({self.epi_m}, {self.epi_n}) must divide "
+          f"the tile ({self.block_m}, {self.block_n}), epi_m a multiple of 64 and "
+          "epi_n of 16")
+
+
+  @classmethod
+  def default(cls, t: int, d_in: int, d_out: int) -> "MosaicConfig":
+    """128×128×64 tiles (the fastest measured on the H200), halved along an
+    axis that 128 does not divide (the shapes must still divide by 64)."""
+    del t
+    return cls(block_m=128 if d_in % 128 == 0 else 64,
+               block_n=128 if d_out % 128 == 0 else 64)
+
+
+def available() -> bool:
+  """Whether this jax has Mosaic GPU Pallas."""
+  return plgpu is not None
+
+
+def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig) -> str | None:
+  """Why this op cannot run on the Mosaic kernel, or None if it can."""
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  if plgpu is None:
+    return "this jax has no Mosaic GPU Pallas"
+  if x.dtype != jnp.bfloat16 or dy.dtype != jnp.bfloat16:
+    return f"x and dy must be bfloat16 (got {x.dtype}, {dy.dtype})"
+  if seed is not None:
+    return "stochastic rounding (seed) is not implemented"
+  if any(isinstance(s, quantization.QuantizedArray) for s in state):
+    return "int8 states are not implemented"
+  if rule.state_cols(config.block_n) != config.block_n:
+    return f"rule {rule.name!r} has folded state"
+  t, d_in = x.shape
+  d_out = dy.shape[1]
+  if t % config.block_t or d_in % config.block_m or d_out % config.block_n:
+    return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
+            f"block_m, block_n = {config.block_t}, {config.block_m}, "
+            f"{config.block_n}")
+  return None
+
+
+# --- the rule, split into scalar (XLA) and per-element (kernel) equations ---
+
+
+@dataclasses.dataclass(frozen=True)
+class _SplitRule:
+  jaxpr: Any                 # the rule traced on tiles: (grad, w, *state, hp)
+  hoisted: tuple             # equations of the hyperparameters only
+  in_kernel: tuple           # the other equations
+  scalars: tuple             # hoisted variables that the kernel reads
+
+
+@functools.lru_cache(maxsize=64)
+def _split_rule(rule, tile_shape: tuple[int, int]) -> _SplitRule:
+  n = len(rule.state_names)
+
+  def update(grad, w, *rest):
+    state, hp_vec = rest[:n], rest[n]
+    hp, count = rule.unpack(hp_vec)
+    new_w, new_state = rule.update(grad, w, tuple(state), hp, count)
+    return (new_w, *new_state)
+
+  tile = jax.ShapeDtypeStruct(tile_shape, jnp.float32)
+  closed = jax.make_jaxpr(update)(
+      tile, tile, *([tile] * n),
+      jax.ShapeDtypeStruct((rule.num_hyperparams,), jnp.float32))
+  if closed.consts:
+    raise NotImplementedError(f"rule {rule.name!r} closes over array constants")
+  jaxpr = closed.jaxpr
+  scalar_side = {jaxpr.invars[-1]}
+  hoisted, in_kernel = [], []
+  for eqn in jaxpr.eqns:
+    ins = [v for v in eqn.invars if not isinstance(v, _Literal)]
+    if (all(v in scalar_side for v in ins)
+        and all(o.aval.size == 1 for o in eqn.outvars)):
+      hoisted.append(eqn)
+      scalar_side.update(eqn.outvars)
+    else:
+      in_kernel.append(eqn)
+  needed = []
+  for v in [v for e in in_kernel for v in e.invars] + list(jaxpr.outvars):
+    if not isinstance(v, _Literal) and v in scalar_side and v not in needed:
+      if v is jaxpr.invars[-1]:
+        raise NotImplementedError(
+            f"rule {rule.name!r} uses the packed hyperparameter vector per element")
+      needed.append(v)
+  return _SplitRule(jaxpr, tuple(hoisted), tuple(in_kernel), tuple(needed))
+
+
+def _sqrt_via_rsqrt(x, **params):
+  """sqrt(x) as x·rsqrt(x) (0 at 0), for Mosaic GPU builds without sqrt."""
+  del params
+  return jnp.where(x > 0, x * lax.rsqrt(x), x)
+
+
+def _select_n_broadcast(pred, *cases, **params):
+  """select_n with a scalar predicate and tile cases (RAdam's switch):
+  Mosaic GPU's warpgroup lowering has no implicit broadcast, so the
+  predicate is broadcast first."""
+  del params
+  shape = jnp.shape(cases[0])
+  if shape and not jnp.shape(pred):
+    pred = lax.broadcast_in_dim(pred, shape, ())
+  return lax.select_n(pred, *cases)
+
+
+def _missing_lowerings() -> dict:
+  """Replacements for primitives this jax's Mosaic GPU cannot lower."""
+  replace = {lax.select_n_p: _select_n_broadcast}
+  try:
+    from jax._src.pallas.mosaic_gpu import core as gpu_core  # pylint: disable=g-import-not-at-top
+    from jax._src.pallas.mosaic_gpu import lowering  # pylint: disable=g-import-not-at-top
+    rules = lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+  except (ImportError, AttributeError, KeyError):  # pragma: no cover
+    return replace
+  if lax.sqrt_p not in rules:
+    replace[lax.sqrt_p] = _sqrt_via_rsqrt
+  return replace
+
+
+def _eval_eqns(eqns, env, replace=None):
+  replace = replace or {}
+  def read(v):
+    return v.val if isinstance(v, _Literal) else env[v]
+  for eqn in eqns:
+    inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("pjit", "jit") else None
+    if inner is not None and replace:
+      # Inlined, so that the replacements reach the equations inside.
+      sub = dict(zip(inner.jaxpr.constvars, inner.consts))
+      sub.update(zip(inner.jaxpr.invars, map(read, eqn.invars)))
+      sub = _eval_eqns(inner.jaxpr.eqns, sub, replace)
+      env.update(zip(eqn.outvars, [
+          v.val if isinstance(v, _Literal) else sub[v]
+          for v in inner.jaxpr.outvars]))
+      continue
+    if eqn.primitive in replace:
+      env[eqn.outvars[0]] = replace[eqn.primitive](
+          *map(read, eqn.invars), **eqn.params)
+      continue
+    outs = eqn.primitive.bind(*map(read, eqn.invars), **eqn.params)
+    if not eqn.primitive.multiple_results:
+      outs = (outs,)
+    env.update(zip(eqn.outvars, outs))
+  return env
+
+
+def rule_scalars(rule, hparams, tile_shape) -> jax.Array:
+  """The rule's hyperparameter-only quantities for one step (fp32 vector;
+  predicates as 0/1, cast back in the kernel)."""
+  split = _split_rule(rule, tile_shape)
+  env = _eval_eqns(split.hoisted, {split.jaxpr.invars[-1]: hparams})
+  vals = [jnp.reshape(env[v], ()).astype(jnp.float32) for v in split.scalars]
+  return jnp.stack(vals + [jnp.zeros((), jnp.float32)])  # never empty
+
+
+def _rule_in_kernel(split: _SplitRule, scalar_ref, grad, w, state,
+                    replace=None):
+  """The per-element equations on tiles; ``scalar_ref`` holds
+  :func:`rule_scalars` (a kernel ref, or an array in tests)."""
+  jaxpr = split.jaxpr
+  env = dict(zip(jaxpr.invars[:-1], (grad, w, *state)))
+  for i, v in enumerate(split.scalars):
+    value = scalar_ref[i]  # fp32; predicates travel as 0/1
+    if v.aval.dtype == jnp.bool_:
+      value = value != 0
+    elif v.aval.dtype != jnp.float32:
+      value = value.astype(v.aval.dtype)
+    env[v] = jnp.reshape(value, v.aval.shape) if v.aval.shape else value
+  env = _eval_eqns(split.in_kernel, env,
+                   _missing_lowerings() if replace is None else replace)
+  outs = [v.val if isinstance(v, _Literal) else env[v] for v in jaxpr.outvars]
+  return outs[0], tuple(outs[1:])
+
+
+# --- the kernel ---
+
+
+def _smem_transforms(minor: int, dtype):
+  swizzle = plgpu.find_swizzle(minor * jnp.dtype(dtype).itemsize * 8)
+  elems = swizzle // jnp.dtype(dtype).itemsize
+  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
+
+
+def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
+            n_arr: int, grid_axis: str):
+  in_refs, out_refs = refs[:n_arr], refs[n_arr:2 * n_arr]
+  t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
+  d_out = dy_ref.shape[1]
+  bm, bn, bt = config.block_m, config.block_n, config.block_t
+  em, en = config.epi_m, config.epi_n
+
+  pid = lax.axis_index(grid_axis)
+  num_m, num_n = d_in // bm, d_out // bn
+  in_group = config.group_m * num_n
+  first_m = (pid // in_group) * config.group_m
+  group_size = jnp.minimum(num_m - first_m, config.group_m)
+  m_i = first_m + (pid % in_group) % group_size
+  n_i = (pid % in_group) // group_size
+
+  subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
+
+  def sub_gmem(ref, s):
+    i, j = subs[s]
+    return ref.at[pl.ds(m_i * bm + i * em, em), pl.ds(n_i * bn + j * en, en)]
+
+  slots = config.epi_slots
+  # Sub-tile s+ahead is loaded while s is computed; its slot held sub-tile
+  # s+ahead-slots, whose stores must have left shared memory first.
+  ahead = 2
+  pending_ok = slots - ahead  # store groups that may stay in flight then
+
+  def load_sub(bufs, barriers, s):
+    for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
+      plgpu.copy_gmem_to_smem(sub_gmem(ref, s), buf.at[s % slots],
+                              barriers.at[slots * a + s % slots])
+
+  def matmul():
+    def acc_scope(acc_ref):
+      def step(_, x_smem, dy_smem):
+        a = x_smem if config.transpose_x else plgpu.transpose_ref(x_smem, (1, 0))
+        plgpu.wgmma(acc_ref, a, dy_smem)
+        if config.max_concurrent_steps == 1:
+          plgpu.wgmma_wait(0)
+      delay = 1 if config.max_concurrent_steps > 1 else 0
+      plgpu.emit_pipeline(
+          step,
+          grid=(t // bt,),
+          in_specs=[
+              plgpu.BlockSpec((bm, bt), lambda k: (m_i, k),
+                              transforms=_smem_transforms(bt, x_ref.dtype),
+                              delay_release=delay)
+              if config.transpose_x else
+              plgpu.BlockSpec((bt, bm), lambda k: (k, m_i),
+                              transforms=_smem_transforms(bm, x_ref.dtype),
+                              delay_release=delay),
+              plgpu.BlockSpec((bt, bn), lambda k: (k, n_i),
+                              transforms=_smem_transforms(bn, dy_ref.dtype),
+                              delay_release=delay),
+          ],
+          max_concurrent_steps=config.max_concurrent_steps,
+      )(x_ref, dy_ref)
+      return acc_ref[...]
+    return pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
+
+  def epilogue(acc, bufs, barriers, loaded: int):
+    for s in range(loaded, min(ahead, len(subs))):
+      load_sub(bufs, barriers, s)
+    for s, (i, j) in enumerate(subs):
+      slot = s % slots
+      for a in range(n_arr):
+        plgpu.barrier_wait(barriers.at[slots * a + slot])
+      vals = [buf.at[slot][...].astype(jnp.float32) for buf in bufs]
+      grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
+      new_w, new_state = _rule_in_kernel(split, scalar_ref, grad, vals[0],
+                                         tuple(vals[1:]))
+      for buf, v in zip(bufs, (new_w, *new_state)):
+        buf.at[slot][...] = v.astype(buf.dtype)
+      plgpu.commit_smem()
+      for a, (buf, ref) in enumerate(zip(bufs, out_refs)):
+        # One bulk group per sub-tile (committed with its last array).
+        plgpu.copy_smem_to_gmem(buf.at[slot], sub_gmem(ref, s),
+                                commit_group=a == n_arr - 1)
+      if s + ahead < len(subs):
+        plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
+        load_sub(bufs, barriers, s + ahead)
+    plgpu.wait_smem_to_gmem(0)
+
+  scratch = dict(
+      bufs=[plgpu.SMEM((slots, em, en), r.dtype,
+                       transforms=_smem_transforms(en, r.dtype))
+            for r in in_refs],
+      barriers=plgpu.Barrier(num_barriers=slots * n_arr))
+
+  if config.early_epilogue:
+    def scope(bufs, barriers):
+      for s in range(min(ahead, len(subs))):
+        load_sub(bufs, barriers, s)
+      epilogue(matmul(), bufs, barriers, loaded=ahead)
+    pl.run_scoped(scope, **scratch)
+  else:
+    acc = matmul()
+    pl.run_scoped(lambda bufs, barriers: epilogue(acc, bufs, barriers, 0),
+                  **scratch)
+
+
+def interpret_params():
+  """Parameters that run the kernel in Mosaic GPU interpret mode (CPU)."""
+  if _interpret_params is None:  # pragma: no cover
+    raise RuntimeError("this jax has no Mosaic GPU interpret mode")
+  return _interpret_params.InterpretGPUParams()
+
+
+def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
+                           config: MosaicConfig, interpret: bool, seed=None):
+  """Runs the kernel; arguments as :func:`pallas_kernels.fused_dw.fused_dw_update`.
+
+  Raises:
+    ValueError: if :func:`unsupported_reason` names a reason.
+  """
+  state = tuple(state)
+  reason = unsupported_reason(x, dy, w, state, rule, seed, config)
+  if reason:
+    raise ValueError(f"implementation='mosaic': {reason}")
+  tile = (config.epi_m, config.epi_n)
+  split = _split_rule(rule, tile)
+  scalars = rule_scalars(rule, hparams, tile)
+  n_arr = 1 + len(state)
+  num_tiles = (w.shape[0] // config.block_m) * (w.shape[1] // config.block_n)
+  out_shape = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, *state)]
+  params = plgpu.CompilerParams(
+      lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+  operands = (x.T if config.transpose_x else x, dy, scalars, w, *state)
+  # plgpu.kernel's outputs are fresh buffers: unlike the Triton kernel this
+  # one does not update in place (pallas_call with input_output_aliases
+  # failed to lower on jax 0.11.2, an AssertionError in its GPU lowering),
+  # so one more W and state are live while it runs.
+  outs = plgpu.kernel(
+      functools.partial(_kernel, config=config, split=split, n_arr=n_arr,
+                        grid_axis="tile"),
+      out_type=out_shape, grid=(num_tiles,), grid_names=("tile",),
+      compiler_params=params,
+      **({"interpret": interpret_params()} if interpret else {}),
+  )(*operands)
+  return outs[0], tuple(outs[1:])

@@ -1,0 +1,202 @@
+"""The Mosaic GPU fused kernel (TMA + wgmma) against the unfused reference.
+
+On the CPU the kernel runs in Mosaic GPU interpret mode (which simulates
+shared memory, TMA copies and barriers); on a GPU also compiled.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import ON_GPU, rel_err
+from forge_jax import rules
+from pallas_kernels import quantization
+from pallas_kernels.fused_dw import MosaicConfig
+from pallas_kernels.fused_dw import fused_dw_update
+from pallas_kernels.fused_dw import fused_dw_update_reference
+from pallas_kernels.fused_dw import kernel_mosaic
+
+INTERPRET = [True] + ([False] if ON_GPU else [])
+ONE_SUB = MosaicConfig(block_m=64, block_n=64, block_t=64, max_concurrent_steps=2)
+HYPERPARAMS = {"learning_rate": 3e-2, "b1": 0.9, "b2": 0.99, "eps": 1e-8,
+               "threshold": 5.0, "weight_decay": 0.1, "decay": 0.9,
+               "momentum": 0.9}
+
+
+def _inputs(rng, rule, t, d_in, d_out, w_dtype=jnp.float32,
+            state_dtype=jnp.float32, count=7):
+  x = jnp.asarray(rng.standard_normal((t, d_in)), jnp.bfloat16)
+  dy = jnp.asarray(rng.standard_normal((t, d_out)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((d_in, d_out)), w_dtype)
+  state = []
+  for name in rule.state_names:
+    v = 0.1 * rng.standard_normal((d_in, d_out))
+    if name in rule.nonnegative_states:
+      v = v * v
+    state.append(jnp.asarray(v, state_dtype))
+  hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, count)
+  return x, dy, w, tuple(state), hp
+
+
+def _run(args, rule, config, interpret):
+  return jax.jit(lambda *a: fused_dw_update(
+      *a, rule=rule, implementation="mosaic", config=config,
+      interpret=interpret))(*args)
+
+
+def _check(got, want, tol):
+  for g, r in zip((got[0], *got[1]), (want[0], *want[1])):
+    assert g.shape == r.shape and g.dtype == r.dtype
+    assert bool(jnp.all(jnp.isfinite(g)))
+    assert rel_err(g, r) <= tol, rel_err(g, r)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+@pytest.mark.parametrize("rule", [rules.ADAMW, rules.NADAMW, rules.RADAM,
+                                  rules.LION, rules.RMSPROP, rules.ADAGRAD,
+                                  rules.SGD, rules.SGD_MOMENTUM],
+                         ids=lambda r: r.name)
+def test_every_rule_matches_reference(rng, rule, interpret):
+  args = _inputs(rng, rule, 64, 64, 128)
+  want = fused_dw_update_reference(*args, rule=rule)
+  _check(_run(args, rule, ONE_SUB, interpret), want, 2e-6)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+@pytest.mark.parametrize("config", [
+    MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=3),
+    MosaicConfig(block_m=128, block_n=128, block_t=64, epi_slots=3, epi_n=32),
+    MosaicConfig(block_m=64, block_n=128, block_t=128, max_concurrent_steps=1,
+                 early_epilogue=True, group_m=1),
+], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue"])
+def test_tiles_and_epilogue_pipelines(rng, config, interpret):
+  # Several tiles in the grid (in 256 / block_m × out 256 / block_n), several
+  # token steps, several epilogue sub-tiles per tile.
+  args = _inputs(rng, rules.ADAMW, 256, 256, 256)
+  want = fused_dw_update_reference(*args, rule=rules.ADAMW)
+  _check(_run(args, rules.ADAMW, config, interpret), want, 2e-6)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+@pytest.mark.parametrize("w_dtype,state_dtype", [
+    (jnp.bfloat16, jnp.float32), (jnp.bfloat16, jnp.bfloat16),
+    (jnp.float32, jnp.bfloat16)])
+def test_bf16_storage_rounds_to_nearest(rng, w_dtype, state_dtype, interpret):
+  args = _inputs(rng, rules.ADAMW, 64, 64, 64, w_dtype, state_dtype)
+  want = fused_dw_update_reference(*args, rule=rules.ADAMW)
+  got = _run(args, rules.ADAMW, ONE_SUB, interpret)
+  # Same fp32 update, then one rounding: equal up to a bf16 ulp where the
+  # fp32 values straddle a rounding boundary.
+  _check(got, want, 2 ** -8)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+def test_five_steps_match_the_unfused_loop(rng, interpret):
+  rule = rules.ADAMW
+  x, dy, w, state, _ = _inputs(rng, rule, 64, 64, 128)
+  got = want = (w, state)
+  for step in range(1, 6):
+    x = jnp.asarray(rng.standard_normal(x.shape), jnp.bfloat16)
+    hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, step)
+    got = _run((x, dy, *got, hp), rule, ONE_SUB, interpret)
+    want = fused_dw_update_reference(x, dy, *want, hp, rule=rule)
+  _check(got, want, 1e-5)
+
+
+def test_scalar_equations_run_outside_the_kernel():
+  # AdamW's bias corrections (pow of scalars, which Mosaic GPU cannot lower)
+  # are hoisted; only per-element equations stay in the kernel.
+  split = kernel_mosaic._split_rule(rules.ADAMW, (64, 64))
+  hoisted = {e.primitive.name for e in split.hoisted}
+  assert "pow" in hoisted
+  assert all(o.aval.shape == (64, 64)
+             for e in split.in_kernel for o in e.outvars)
+  assert split.scalars  # the kernel reads some hoisted values
+  hp = rules.ADAMW.pack({n: HYPERPARAMS[n] for n in
+                         rules.ADAMW.hyperparam_names}, 3)
+  scalars = kernel_mosaic.rule_scalars(rules.ADAMW, hp, (64, 64))
+  assert scalars.shape == (len(split.scalars) + 1,)
+  assert bool(jnp.all(jnp.isfinite(scalars)))
+
+
+def test_sqrt_replacement_matches_sqrt(rng):
+  # Used when a jax's Mosaic GPU has no sqrt lowering (0 stays 0).
+  x = jnp.asarray(np.concatenate([[0.0, 1e-30, 1.0, 4.0],
+                                  rng.random(60) * 10]), jnp.float32)
+  got = kernel_mosaic._sqrt_via_rsqrt(x)
+  assert float(got[0]) == 0.0
+  np.testing.assert_allclose(got, jnp.sqrt(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(t=100), "must divide by block_t"),
+    (dict(d_out=96), "must divide by block_t"),
+    (dict(x_dtype=jnp.float32), "must be bfloat16"),
+    (dict(seed=True), "stochastic rounding"),
+    (dict(int8=True), "int8 states"),
+    (dict(fold=True), "folded state"),
+    (dict(triton_config=True), "needs a MosaicConfig"),
+])
+def test_out_of_scope_ops_are_refused(rng, change, match):
+  from forge_jax._src.fold import FoldAdamRule  # pylint: disable=g-import-not-at-top
+  from pallas_kernels.fused_dw import FusedDWConfig  # pylint: disable=g-import-not-at-top
+  rule = FoldAdamRule(2) if change.get("fold") else rules.ADAMW
+  t, d_out = change.get("t", 64), change.get("d_out", 64)
+  x, dy, w, state, hp = _inputs(rng, rules.ADAMW, t, 64, d_out,
+                                w_dtype=jnp.bfloat16)
+  if change.get("x_dtype"):
+    x, dy = x.astype(jnp.float32), dy.astype(jnp.float32)
+  if change.get("int8"):
+    state = (quantization.quantize(state[0].astype(jnp.float32), False),
+             quantization.quantize(state[1].astype(jnp.float32), True))
+  if change.get("fold"):
+    state = tuple(jnp.zeros(rule.state_shape(w.shape), jnp.float32)
+                  for _ in rule.state_names)
+    hp = rule.pack({n: HYPERPARAMS.get(n, 0.25) for n in rule.hyperparam_names}, 1)
+  config = FusedDWConfig() if change.get("triton_config") else ONE_SUB
+  seed = jnp.uint32(3) if change.get("seed") else None
+  with pytest.raises(ValueError, match=match):
+    fused_dw_update(x, dy, w, state, hp, rule=rule, implementation="mosaic",
+                    config=config, interpret=True, seed=seed)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(block_m=32), "block_m"), (dict(block_n=96), "block_n"),
+    (dict(block_t=32), "block_t"), (dict(epi_slots=4), "epi_slots"),
+    (dict(epi_m=32), "epilogue sub-tile"), (dict(max_concurrent_steps=0), ">= 1"),
+])
+def test_config_validation(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    MosaicConfig(**kwargs)
+
+
+def test_default_config_fits_64_multiples(rng):
+  assert MosaicConfig.default(512, 4096, 14336) == MosaicConfig()
+  cfg = MosaicConfig.default(64, 192, 64)
+  assert (cfg.block_m, cfg.block_n) == (64, 64)
+  args = _inputs(rng, rules.ADAMW, 64, 192, 64)
+  got = jax.jit(lambda *a: fused_dw_update(
+      *a, rule=rules.ADAMW, implementation="mosaic", interpret=True))(*args)
+  _check(got, fused_dw_update_reference(*args, rule=rules.ADAMW), 2e-6)
+
+
+def test_replacements_reach_inside_nested_jits(rng):
+  # RAdam's switch is a jnp.where (a nested jit) with a scalar predicate:
+  # the kernel replays it with the predicate broadcast (Mosaic GPU has no
+  # implicit broadcast), inlined from the nested jaxpr.
+  split = kernel_mosaic._split_rule(rules.RADAM, (64, 64))
+  seen = []
+  replace = {jax.lax.select_n_p: lambda *a, **p: seen.append(1)
+             or kernel_mosaic._select_n_broadcast(*a, **p)}
+  args = _inputs(rng, rules.RADAM, 1, 64, 64)
+  grad = jnp.asarray(rng.standard_normal((64, 64)), jnp.float32)
+  scalars = kernel_mosaic.rule_scalars(rules.RADAM, args[-1], (64, 64))
+  got = kernel_mosaic._rule_in_kernel(split, scalars, grad, args[2], args[3],
+                                      replace=replace)
+  assert seen
+  got = (got[0], *got[1])
+  hp, count = rules.RADAM.unpack(args[-1])
+  want = rules.RADAM.update(grad, args[2], args[3], hp, count)
+  for g, r in zip(got, (want[0], *want[1])):
+    np.testing.assert_allclose(g, r, rtol=1e-6)
