@@ -69,7 +69,11 @@ def test_every_rule_matches_reference(rng, rule, interpret):
     MosaicConfig(block_m=128, block_n=128, block_t=64, epi_slots=3, epi_n=32),
     MosaicConfig(block_m=64, block_n=128, block_t=128, max_concurrent_steps=1,
                  early_epilogue=True, group_m=1),
-], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue"])
+    # Warp-specialized and persistent: 2 CTAs loop over 4 tiles of 128×128,
+    # each compute warpgroup runs 4 epilogue sub-tiles per tile.
+    MosaicConfig(block_m=128, block_n=64, block_t=64, max_concurrent_steps=2,
+                 epi_n=16, compute_wgs=2, num_ctas=2),
+], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue", "warp-specialized"])
 def test_tiles_and_epilogue_pipelines(rng, config, interpret):
   # Several tiles in the grid (in 256 / block_m × out 256 / block_n), several
   # token steps, several epilogue sub-tiles per tile.
@@ -165,6 +169,7 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
     (dict(block_m=32), "block_m"), (dict(block_n=96), "block_n"),
     (dict(block_t=32), "block_t"), (dict(epi_slots=4), "epi_slots"),
     (dict(epi_m=32), "epilogue sub-tile"), (dict(max_concurrent_steps=0), ">= 1"),
+    (dict(compute_wgs=3), "compute_wgs"), (dict(num_ctas=0), "num_ctas"),
 ])
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -200,3 +205,17 @@ def test_replacements_reach_inside_nested_jits(rng):
   want = rules.RADAM.update(grad, args[2], args[3], hp, count)
   for g, r in zip(got, (want[0], *want[1])):
     np.testing.assert_allclose(g, r, rtol=1e-6)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+@pytest.mark.parametrize("rule,state_dtype", [
+    (rules.LION, jnp.float32), (rules.ADAMW, jnp.bfloat16)],
+    ids=["lion-fp32", "adamw-bf16"])
+def test_warp_specialized_kernel(rng, rule, state_dtype, interpret):
+  config = MosaicConfig(block_m=64, block_n=64, block_t=64,
+                        max_concurrent_steps=2, epi_n=32, compute_wgs=2,
+                        num_ctas=3)  # 3 CTAs over 4 tiles: uneven shares
+  args = _inputs(rng, rule, 128, 128, 256, state_dtype=state_dtype)
+  want = fused_dw_update_reference(*args, rule=rule)
+  _check(_run(args, rule, config, interpret), want,
+         2e-6 if state_dtype == jnp.float32 else 2 ** -8)

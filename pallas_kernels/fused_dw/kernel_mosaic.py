@@ -77,6 +77,15 @@ class MosaicConfig:
       sub-tile s+2 wait until the stores of sub-tile s have left shared
       memory; with 3, only until those of s-1 have (one more sub-tile of
       shared memory).
+    compute_wgs: 1: one warpgroup per CTA computes a (block_m, block_n) tile
+      and then its epilogue (one CTA per tile). 2: warp-specialized and
+      persistent: ``num_ctas`` CTAs loop over tiles of (block_m,
+      2·block_n); a third warpgroup only issues the TMA loads of x and dY
+      (running ahead into the next tile while the two compute warpgroups,
+      one per half, run their epilogues), and each compute warpgroup loads
+      the epilogue's first sub-tiles before its token loop.
+    num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
+      device's multiprocessor count.
   """
 
   block_m: int = 128
@@ -89,6 +98,8 @@ class MosaicConfig:
   early_epilogue: bool = False
   transpose_x: bool = True
   epi_slots: int = 2
+  compute_wgs: int = 1
+  num_ctas: int | None = None
 
   def __post_init__(self):
     if self.block_m not in (64, 128):
@@ -98,6 +109,10 @@ class MosaicConfig:
           f"MosaicConfig.block_n={self.block_n} must be a multiple of 64 in [64, 256]")
     if self.block_t not in (64, 128):
       raise ValueError(f"MosaicConfig.block_t={self.block_t} must be 64 or 128")
+    if self.compute_wgs not in (1, 2):
+      raise ValueError(f"MosaicConfig.compute_wgs={self.compute_wgs} must be 1 or 2")
+    if self.num_ctas is not None and self.num_ctas < 1:
+      raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
     if self.epi_slots not in (2, 3):
       raise ValueError(f"MosaicConfig.epi_slots={self.epi_slots} must be 2 or 3")
     if self.max_concurrent_steps < 1 or self.group_m < 1:
@@ -139,10 +154,11 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig) -> str
     return f"rule {rule.name!r} has folded state"
   t, d_in = x.shape
   d_out = dy.shape[1]
-  if t % config.block_t or d_in % config.block_m or d_out % config.block_n:
+  cta_n = config.block_n * config.compute_wgs
+  if t % config.block_t or d_in % config.block_m or d_out % cta_n:
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
-            f"block_m, block_n = {config.block_t}, {config.block_m}, "
-            f"{config.block_n}")
+            f"block_m, block_n·compute_wgs = {config.block_t}, "
+            f"{config.block_m}, {cta_n}")
   return None
 
 
@@ -390,6 +406,125 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
                   **scratch)
 
 
+def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
+               n_arr: int):
+  """compute_wgs=2: persistent, warp-specialized (see MosaicConfig)."""
+  in_refs, out_refs = refs[:n_arr], refs[n_arr:2 * n_arr]
+  t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
+  d_out = dy_ref.shape[1]
+  bm, bn, bt = config.block_m, config.block_n, config.block_t
+  em, en = config.epi_m, config.epi_n
+  cta_n = 2 * bn
+  num_m, num_n = d_in // bm, d_out // cta_n
+  subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
+  slots, ahead = config.epi_slots, 2
+  pending_ok = slots - ahead
+
+  def tile_of(lin):
+    in_group = config.group_m * num_n
+    first_m = (lin // in_group) * config.group_m
+    group_size = jnp.minimum(num_m - first_m, config.group_m)
+    return first_m + (lin % in_group) % group_size, (lin % in_group) // group_size
+
+  x_spec = (plgpu.BlockSpec((bm, bt), lambda k: (0, k),
+                            transforms=_smem_transforms(bt, x_ref.dtype))
+            if config.transpose_x else
+            plgpu.BlockSpec((bt, bm), lambda k: (k, 0),
+                            transforms=_smem_transforms(bm, x_ref.dtype)))
+  dy_spec = plgpu.BlockSpec((bt, cta_n), lambda k: (k, 0),
+                            transforms=_smem_transforms(cta_n, dy_ref.dtype))
+
+  def pipeline(body, context):
+    return plgpu.emit_pipeline_warp_specialized(
+        body, grid=(t // bt,), memory_registers=40, in_specs=[x_spec, dy_spec],
+        wg_axis="wg", num_compute_wgs=2,
+        max_concurrent_steps=config.max_concurrent_steps,
+        compute_context=context)
+
+  def x_cols(m_i):
+    return (x_ref.at[pl.ds(m_i * bm, bm), :] if config.transpose_x
+            else x_ref.at[:, pl.ds(m_i * bm, bm)])
+
+  nothing = lambda *_, **__: None  # noqa: E731
+  allocs = pipeline(nothing, nothing).get_allocations(
+      x_cols(0), dy_ref.at[:, pl.ds(0, cta_n)])
+
+  def scope(pipeline_allocs, bufs, barriers):
+    wg = lax.axis_index("wg")
+
+    @plgpu.nd_loop((num_m * num_n,), collective_axes="cta")
+    def _tile_loop(info):
+      (lin,) = info.index
+      m_i, n_i = tile_of(lin)
+
+      def sub_gmem(ref, s):
+        i, j = subs[s]
+        return ref.at[pl.ds(m_i * bm + i * em, em),
+                      pl.ds(n_i * cta_n + wg * bn + j * en, en)]
+
+      def barrier(a, s):
+        return barriers.at[(wg * n_arr + a) * slots + s % slots]
+
+      def load_sub(s):
+        for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
+          plgpu.copy_gmem_to_smem(sub_gmem(ref, s), buf.at[wg, s % slots],
+                                  barrier(a, s))
+
+      def context(eval_pipeline):
+        for s in range(min(ahead, len(subs))):
+          load_sub(s)  # the epilogue's first sub-tiles arrive during the matmul
+
+        def acc_scope(acc_ref):
+          eval_pipeline(acc_ref)
+          return acc_ref[...]
+        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
+        for s, (i, j) in enumerate(subs):
+          slot = s % slots
+          for a in range(n_arr):
+            plgpu.barrier_wait(barrier(a, s))
+          vals = [buf.at[wg, slot][...].astype(jnp.float32) for buf in bufs]
+          grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
+          new_w, new_state = _rule_in_kernel(split, scalar_ref, grad, vals[0],
+                                             tuple(vals[1:]))
+          for buf, v in zip(bufs, (new_w, *new_state)):
+            buf.at[wg, slot][...] = v.astype(buf.dtype)
+          plgpu.commit_smem()
+          for a, (buf, ref) in enumerate(zip(bufs, out_refs)):
+            plgpu.copy_smem_to_gmem(buf.at[wg, slot], sub_gmem(ref, s),
+                                    commit_group=a == n_arr - 1)
+          if s + ahead < len(subs):
+            plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
+            load_sub(s + ahead)
+        # The next tile's first loads reuse these buffers.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+      def body(_, x_smem, dy_smem, acc_ref):
+        a = x_smem if config.transpose_x else plgpu.transpose_ref(x_smem, (1, 0))
+        plgpu.wgmma(acc_ref, a, dy_smem.at[:, pl.ds(wg * bn, bn)])
+        plgpu.wgmma_wait(0)
+        return acc_ref
+
+      pipeline(body, context)(x_cols(m_i), dy_ref.at[:, pl.ds(n_i * cta_n, cta_n)],
+                              allocations=pipeline_allocs)
+
+  pl.run_scoped(
+      scope,
+      pipeline_allocs=allocs,
+      bufs=[plgpu.SMEM((2, slots, em, en), r.dtype,
+                       transforms=_smem_transforms(en, r.dtype))
+            for r in in_refs],
+      barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
+      collective_axes="wg")
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _num_sms() -> int:
+  try:
+    return int(jax.devices()[0].core_count)
+  except (AttributeError, TypeError, ValueError):  # pragma: no cover
+    return 132
+
+
 def interpret_params():
   """Parameters that run the kernel in Mosaic GPU interpret mode (CPU)."""
   if _interpret_params is None:  # pragma: no cover
@@ -421,11 +556,21 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   # one does not update in place (pallas_call with input_output_aliases
   # failed to lower on jax 0.11.2, an AssertionError in its GPU lowering),
   # so one more W and state are live while it runs.
-  outs = plgpu.kernel(
-      functools.partial(_kernel, config=config, split=split, n_arr=n_arr,
-                        grid_axis="tile"),
-      out_type=out_shape, grid=(num_tiles,), grid_names=("tile",),
-      compiler_params=params,
-      **({"interpret": interpret_params()} if interpret else {}),
-  )(*operands)
+  extra = {"interpret": interpret_params()} if interpret else {}
+  if config.compute_wgs == 1:
+    outs = plgpu.kernel(
+        functools.partial(_kernel, config=config, split=split, n_arr=n_arr,
+                          grid_axis="tile"),
+        out_type=out_shape, grid=(num_tiles,), grid_names=("tile",),
+        compiler_params=params, **extra,
+    )(*operands)
+  else:
+    # num_tiles // 2 CTA tiles of (block_m, 2·block_n), shared out by nd_loop.
+    ctas = config.num_ctas or (2 if interpret else _num_sms())
+    outs = plgpu.kernel(
+        functools.partial(_kernel_ws, config=config, split=split, n_arr=n_arr),
+        out_type=out_shape, grid=(min(ctas, num_tiles // 2),),
+        grid_names=("cta",), num_threads=3, thread_name="wg",
+        compiler_params=params, **extra,
+    )(*operands)
   return outs[0], tuple(outs[1:])

@@ -1,0 +1,120 @@
+"""Tile configurations of the Mosaic GPU fused kernel against Triton and XLA.
+
+For each shape (T:in x out) and storage mode, times AdamW's unfused step (XLA
+dW, then the update, W and state donated), the Triton kernel (default tile)
+and the Mosaic kernel with each named :class:`MosaicConfig`, each checked
+against the unfused result first, and prints one line per shape with the
+floor (nominal H200 peaks, as ``bench_fused_dw``):
+
+    python -m experiments.probe_mosaic --shapes 8192:4096x14336 \\
+        --configs m128n128t64s3,WS_B_n128s3e16
+
+``--interpret`` runs the kernels in interpret mode (a CPU smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+
+from experiments.bench_fused_dw import _flat, _rel_err, _time_stateful, _unflat
+from forge_jax.rules import ADAMW
+from pallas_kernels.fused_dw import MosaicConfig
+from pallas_kernels.fused_dw import fused_dw_update
+from pallas_kernels.fused_dw import fused_dw_update_reference
+
+C = MosaicConfig
+CONFIGS = {
+    # one warpgroup per CTA, one CTA per (block_m, block_n) tile
+    "m128n128t64s3": C(128, 128, 64, 3),
+    "m128n128t64s3noT": C(128, 128, 64, 3, transpose_x=False),
+    "m128n128t64s3x3e32": C(128, 128, 64, 3, epi_slots=3, epi_n=32),
+    "m64n128t64s4x3": C(64, 128, 64, 4, epi_slots=3),
+    # warp-specialized, persistent, two compute warpgroups
+    "WS_A_n128s2e32": C(128, 128, 64, 2, epi_n=32, compute_wgs=2),
+    "WS_B_n128s3e16": C(128, 128, 64, 3, epi_n=16, compute_wgs=2),
+    "WS_C_n64s4e32": C(128, 64, 64, 4, epi_n=32, compute_wgs=2),
+    "WS_F_n64s4e32noT": C(128, 64, 64, 4, epi_n=32, compute_wgs=2,
+                          transpose_x=False),
+}
+HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--shapes", default="2048:4096x14336",
+                 help="T:inxout, several separated by ','")
+  p.add_argument("--modes", default="fp32", help="fp32 and/or bf16 (W and states)")
+  p.add_argument("--configs", default=",".join(CONFIGS),
+                 help=f"comma-separated, from {list(CONFIGS)}")
+  p.add_argument("--reps", type=int, default=20)
+  p.add_argument("--interpret", action="store_true")
+  a = p.parse_args(argv)
+  names = a.configs.split(",")
+  for n in names:
+    if n not in CONFIGS:
+      raise SystemExit(f"--configs: {n!r} is not one of {list(CONFIGS)}")
+  hp = ADAMW.pack(HP, 7)
+  print(jax.__version__, jax.devices()[0].device_kind, flush=True)
+  lines = []
+  for spec in a.shapes.split(","):
+    t, dims = spec.split(":")
+    t, (d_in, d_out) = int(t), map(int, dims.split("x"))
+    key = jax.random.key(t + d_in)
+    sets = [(jax.random.normal(jax.random.fold_in(key, 2 * i), (t, d_in), jnp.bfloat16),
+             jax.random.normal(jax.random.fold_in(key, 2 * i + 1), (t, d_out),
+                               jnp.bfloat16)) for i in range(3)]
+    for mode in a.modes.split(","):
+      dtype = jnp.float32 if mode == "fp32" else jnp.bfloat16
+      w = jax.random.normal(jax.random.fold_in(key, 9), (d_in, d_out), dtype)
+      mu = (1e-2 * jax.random.normal(jax.random.fold_in(key, 10), (d_in, d_out))
+            ).astype(dtype)
+      nu = ((1e-2 * jax.random.normal(jax.random.fold_in(key, 11), (d_in, d_out)))
+            ** 2).astype(dtype)
+      like = (mu, nu)
+
+      def make(impl, cfg=None):
+        def step(x, dy, *flat):
+          *flat, hp_ = flat
+          w_, st = _unflat(flat, like)
+          if impl == "xla":
+            nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=ADAMW)
+          else:
+            nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=ADAMW,
+                                     implementation=impl, config=cfg,
+                                     interpret=a.interpret)
+          return tuple(_flat(nw, ns))
+        return jax.jit(step, donate_argnums=(2, 3, 4))
+
+      copy = lambda: [jnp.copy(v) for v in (w, mu, nu)]  # noqa: E731
+      unfused = make("xla")
+      want = unfused(*sets[0], *copy(), hp)
+      times = {"xla": _time_stateful(unfused, sets, copy(), [hp], a.reps)}
+      for name, impl, cfg in [("triton", "triton", None)] + [
+          (n, "mosaic", CONFIGS[n]) for n in names]:
+        t0 = time.time()
+        try:
+          fn = make(impl, cfg)
+          got = jax.block_until_ready(fn(*sets[0], *copy(), hp))
+          err = _rel_err(list(got), list(want))
+          times[name] = _time_stateful(fn, sets, copy(), [hp], a.reps)
+          print(f"T={t} {d_in}x{d_out} {mode} {name}: {times[name] * 1e3:.3f} ms "
+                f"err {err:.1e} (compile+run {time.time() - t0:.1f}s)", flush=True)
+        except Exception as e:  # noqa: BLE001 -- reported, the sweep goes on
+          print(f"T={t} {d_in}x{d_out} {mode} {name}: ERROR {type(e).__name__}: "
+                f"{str(e)[:300]}", flush=True)
+      size = jnp.dtype(dtype).itemsize
+      moved = 2 * t * (d_in + d_out) + 2 * d_in * d_out * 3 * size
+      floor = max(2 * t * d_in * d_out / 790e12, moved / 4.3e12)
+      lines.append(f"## T={t} {d_in}x{d_out} {mode} floor {floor * 1e3:.3f} ms | "
+                   + " | ".join(f"{k} {v * 1e3:.3f} ({floor / v * 100:.0f}%)"
+                                for k, v in times.items()))
+  print("\n".join(lines))
+  return lines
+
+
+if __name__ == "__main__":
+  main()
