@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 import flax.linen as nn
@@ -167,6 +168,11 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     raise ValueError(f"learning_rate={cfg.learning_rate} must be > 0")
   if not cfg.init_noise >= 0:
     raise ValueError(f"init_noise={cfg.init_noise} must be >= 0")
+  if cfg.warmup_steps >= cfg.steps:
+    warnings.warn(
+        f"warmup_steps={cfg.warmup_steps} >= steps={cfg.steps}: the learning "
+        f"rate never reaches its peak {cfg.learning_rate:g} in this run (pass "
+        "--warmup-steps to shorten the warm-up)", stacklevel=2)
   return cfg
 
 
@@ -365,9 +371,9 @@ def main(cfg: TrainConfig) -> dict:
         f"{ckpt_dir!r} holds checkpoints of an earlier run: pass --resume to "
         "continue it, or choose another --out")
   if cfg.resume:
-    state, meta = fj.restore_checkpoint(ckpt_dir, state)
-    start = int(state.step)
-    saved = meta.get("config", {})
+    # The saved configuration first: a changed option is named, instead of
+    # surfacing as a state-structure mismatch in the restore.
+    saved = fj.checkpoint_metadata(ckpt_dir).get("config", {})
     now = dataclasses.asdict(cfg)
     changed = {k: (saved[k], now[k]) for k in saved
                if k not in RESUMABLE_CHANGES and k in now
@@ -378,6 +384,8 @@ def main(cfg: TrainConfig) -> dict:
           "(the run would not continue the same training): " + ", ".join(
               f"{k}={v[0]!r} in the checkpoint, {v[1]!r} now"
               for k, v in sorted(changed.items())))
+    state, _ = fj.restore_checkpoint(ckpt_dir, state)
+    start = int(state.step)
     if os.path.exists(metrics_path):
       with open(metrics_path) as f:
         records = [r for r in json.load(f)["records"] if r["step"] <= start]

@@ -6,6 +6,7 @@ own backward pass, and the weight gradient never exists in device memory.
 """
 
 from forge_jax import rules
+from forge_jax._src.checkpoint import checkpoint_metadata
 from forge_jax._src.checkpoint import latest_checkpoint_step
 from forge_jax._src.checkpoint import restore_checkpoint
 from forge_jax._src.checkpoint import save_checkpoint
@@ -66,6 +67,7 @@ __all__ = [
     "fused_step",
     "hybrid_fold_adam",
     "inplace_scan",
+    "checkpoint_metadata",
     "latest_checkpoint_step",
     "lion",
     "make_train_step",

@@ -55,6 +55,9 @@ def test_resume_is_bit_identical(rng, tmp_path, param_dtype):
   for _ in range(2):
     uninterrupted, _ = step(uninterrupted, batch)
 
+  # The metadata alone, without restoring arrays (train_lm --resume compares
+  # its configuration first).
+  assert fj.checkpoint_metadata(tmp_path) == {"note": "three"}
   restored, meta = fj.restore_checkpoint(tmp_path, template)
   assert meta == {"note": "three"} and int(restored.step) == 3
   for _ in range(2):
@@ -93,6 +96,8 @@ def test_missing_checkpoint_and_unfinished_save(rng, tmp_path):
   state, _, _ = _setup(rng)
   with pytest.raises(FileNotFoundError):
     fj.restore_checkpoint(tmp_path / "nothing", state)
+  with pytest.raises(FileNotFoundError):
+    fj.checkpoint_metadata(tmp_path / "nothing")
   fj.save_checkpoint(tmp_path, state)
   # A save that died midway leaves only orbax's temporary directory, which is
   # never taken for a checkpoint.

@@ -55,7 +55,8 @@ def _check(got, want, tol):
 @pytest.mark.parametrize("interpret", INTERPRET)
 @pytest.mark.parametrize("rule", [rules.ADAMW, rules.NADAMW, rules.RADAM,
                                   rules.LION, rules.RMSPROP, rules.ADAGRAD,
-                                  rules.SGD, rules.SGD_MOMENTUM],
+                                  rules.SGD, rules.SGD_MOMENTUM,
+                                  rules.SGD_NESTEROV],
                          ids=lambda r: r.name)
 def test_every_rule_matches_reference(rng, rule, interpret):
   args = _inputs(rng, rule, 64, 64, 128)
@@ -69,11 +70,7 @@ def test_every_rule_matches_reference(rng, rule, interpret):
     MosaicConfig(block_m=128, block_n=128, block_t=64, epi_slots=3, epi_n=32),
     MosaicConfig(block_m=64, block_n=128, block_t=128, max_concurrent_steps=1,
                  early_epilogue=True, group_m=1),
-    # Warp-specialized and persistent: 2 CTAs loop over 4 tiles of 128×128,
-    # each compute warpgroup runs 4 epilogue sub-tiles per tile.
-    MosaicConfig(block_m=128, block_n=64, block_t=64, max_concurrent_steps=2,
-                 epi_n=16, compute_wgs=2, num_ctas=2),
-], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue", "warp-specialized"])
+], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue"])
 def test_tiles_and_epilogue_pipelines(rng, config, interpret):
   # Several tiles in the grid (in 256 / block_m × out 256 / block_n), several
   # token steps, several epilogue sub-tiles per tile.
@@ -90,9 +87,18 @@ def test_bf16_storage_rounds_to_nearest(rng, w_dtype, state_dtype, interpret):
   args = _inputs(rng, rules.ADAMW, 64, 64, 64, w_dtype, state_dtype)
   want = fused_dw_update_reference(*args, rule=rules.ADAMW)
   got = _run(args, rules.ADAMW, ONE_SUB, interpret)
-  # Same fp32 update, then one rounding: equal up to a bf16 ulp where the
-  # fp32 values straddle a rounding boundary.
-  _check(got, want, 2 ** -8)
+  # Same fp32 update, then one rounding to nearest: equal, except (rarely)
+  # by one ulp where the fp32 values straddle a rounding boundary; stochastic
+  # rounding or truncation would differ in about half of the elements.
+  for g, r in zip((got[0], *got[1]), (want[0], *want[1])):
+    assert g.dtype == r.dtype
+    if g.dtype == jnp.float32:  # differs only by the matmul's summation order
+      assert rel_err(g, r) <= 2e-6
+      continue
+    g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+    assert np.mean(g == r) >= 0.99, np.mean(g == r)
+    # ...and elsewhere by one ulp, at most |r|·2**-7 in bf16.
+    assert np.all(np.abs(g - r) <= np.abs(r) * 2.0 ** -7 + 1e-30)
 
 
 @pytest.mark.parametrize("interpret", INTERPRET)
@@ -126,11 +132,11 @@ def test_scalar_equations_run_outside_the_kernel():
 
 def test_sqrt_replacement_matches_sqrt(rng):
   # Used when a jax's Mosaic GPU has no sqrt lowering (0 stays 0).
-  x = jnp.asarray(np.concatenate([[0.0, 1e-30, 1.0, 4.0],
-                                  rng.random(60) * 10]), jnp.float32)
+  x = jnp.asarray(np.concatenate([[0.0, 1e-30, 1.0, 4.0, np.inf, -1.0, np.nan,
+                                   3e38], rng.random(56) * 10]), jnp.float32)
   got = kernel_mosaic._sqrt_via_rsqrt(x)
-  assert float(got[0]) == 0.0
-  np.testing.assert_allclose(got, jnp.sqrt(x), rtol=1e-6)
+  assert float(got[0]) == 0.0 and float(got[4]) == np.inf
+  np.testing.assert_allclose(got, jnp.sqrt(x), rtol=1e-6)  # NaN where sqrt is
 
 
 @pytest.mark.parametrize("change,match", [
@@ -140,25 +146,38 @@ def test_sqrt_replacement_matches_sqrt(rng):
     (dict(seed=True), "stochastic rounding"),
     (dict(int8=True), "int8 states"),
     (dict(fold=True), "folded state"),
+    (dict(fold0=True), "not elementwise"),
+    (dict(big_tile=True, t=128, d_in=128, d_out=256), "shared memory"),
+    (dict(no_transpose=True), "interpreter"),
+    (dict(ws_interpret=True, d_out=128), "not run in interpret mode"),
+    (dict(t=0, seed=True), "stochastic rounding"),  # refused even with T = 0
     (dict(triton_config=True), "needs a MosaicConfig"),
 ])
 def test_out_of_scope_ops_are_refused(rng, change, match):
   from forge_jax._src.fold import FoldAdamRule  # pylint: disable=g-import-not-at-top
   from pallas_kernels.fused_dw import FusedDWConfig  # pylint: disable=g-import-not-at-top
-  rule = FoldAdamRule(2) if change.get("fold") else rules.ADAMW
+  rule = (FoldAdamRule(2) if change.get("fold") else
+          FoldAdamRule(0) if change.get("fold0") else rules.ADAMW)
   t, d_out = change.get("t", 64), change.get("d_out", 64)
-  x, dy, w, state, hp = _inputs(rng, rules.ADAMW, t, 64, d_out,
-                                w_dtype=jnp.bfloat16)
+  x, dy, w, state, hp = _inputs(rng, rules.ADAMW, t, change.get("d_in", 64),
+                                d_out, w_dtype=jnp.bfloat16)
   if change.get("x_dtype"):
     x, dy = x.astype(jnp.float32), dy.astype(jnp.float32)
   if change.get("int8"):
     state = (quantization.quantize(state[0].astype(jnp.float32), False),
              quantization.quantize(state[1].astype(jnp.float32), True))
-  if change.get("fold"):
+  if change.get("fold") or change.get("fold0"):
     state = tuple(jnp.zeros(rule.state_shape(w.shape), jnp.float32)
                   for _ in rule.state_names)
     hp = rule.pack({n: HYPERPARAMS.get(n, 0.25) for n in rule.hyperparam_names}, 1)
-  config = FusedDWConfig() if change.get("triton_config") else ONE_SUB
+  config = (FusedDWConfig() if change.get("triton_config") else
+            MosaicConfig(block_m=128, block_n=256, block_t=128,
+                         max_concurrent_steps=4)
+            if change.get("big_tile") else
+            MosaicConfig(block_m=64, block_n=64, transpose_x=False)
+            if change.get("no_transpose") else
+            MosaicConfig(block_m=64, block_n=64, epi_n=32, compute_wgs=2)
+            if change.get("ws_interpret") else ONE_SUB)
   seed = jnp.uint32(3) if change.get("seed") else None
   with pytest.raises(ValueError, match=match):
     fused_dw_update(x, dy, w, state, hp, rule=rule, implementation="mosaic",
@@ -207,15 +226,102 @@ def test_replacements_reach_inside_nested_jits(rng):
     np.testing.assert_allclose(g, r, rtol=1e-6)
 
 
-@pytest.mark.parametrize("interpret", INTERPRET)
+# The warp-specialized layout: CPU interpret mode deadlocked intermittently
+# on it (about one run in four, in the interpreter's simulated threads; the
+# op now refuses it there), so its numbers are checked compiled on a GPU and
+# the CPU checks its lowering.
+WS_CONFIGS = [
+    # 3 CTAs over 4 tiles of (64, 128): uneven shares; 2 sub-tiles per tile.
+    MosaicConfig(block_m=64, block_n=64, block_t=64, max_concurrent_steps=2,
+                 epi_n=32, compute_wgs=2, num_ctas=3),
+    # 2 CTAs over 2 tiles of (128, 128); 8 epilogue sub-tiles per warpgroup.
+    MosaicConfig(block_m=128, block_n=64, block_t=64, max_concurrent_steps=2,
+                 epi_n=16, compute_wgs=2, num_ctas=2),
+]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
+                    "CPU test below checks the lowering)")
+@pytest.mark.parametrize("config", WS_CONFIGS, ids=["uneven", "8-subtiles"])
 @pytest.mark.parametrize("rule,state_dtype", [
-    (rules.LION, jnp.float32), (rules.ADAMW, jnp.bfloat16)],
-    ids=["lion-fp32", "adamw-bf16"])
-def test_warp_specialized_kernel(rng, rule, state_dtype, interpret):
-  config = MosaicConfig(block_m=64, block_n=64, block_t=64,
-                        max_concurrent_steps=2, epi_n=32, compute_wgs=2,
-                        num_ctas=3)  # 3 CTAs over 4 tiles: uneven shares
+    (rules.LION, jnp.float32), (rules.ADAMW, jnp.float32),
+    (rules.ADAMW, jnp.bfloat16)], ids=["lion-fp32", "adamw-fp32", "adamw-bf16"])
+def test_warp_specialized_kernel(rng, rule, state_dtype, config):
   args = _inputs(rng, rule, 128, 128, 256, state_dtype=state_dtype)
   want = fused_dw_update_reference(*args, rule=rule)
-  _check(_run(args, rule, config, interpret), want,
+  _check(_run(args, rule, config, False), want,
          2e-6 if state_dtype == jnp.float32 else 2 ** -8)
+
+
+@pytest.mark.parametrize("config", WS_CONFIGS, ids=["uneven", "8-subtiles"])
+def test_warp_specialized_kernel_lowers_for_cuda(rng, config):
+  # Lowered for CUDA on any machine: the Mosaic GPU module is built (layouts,
+  # shared-memory allocation, barriers), as on the H200.
+  args = _inputs(rng, rules.ADAMW, 128, 128, 256)
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rules.ADAMW, config=config, interpret=False))
+  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
+def test_hyperparameter_only_equations_inside_nested_jits_are_hoisted(rng):
+  # A rule whose bias correction sits in a jitted helper: its pow (which
+  # Mosaic GPU cannot lower) must still run outside the kernel.
+  @jax.jit
+  def corrected(m, b, c):
+    return m / (1 - b ** c)
+
+  def direction(grad, param, state, hp, count):
+    del param
+    (mu,) = state
+    mu = hp["b1"] * mu + (1 - hp["b1"]) * grad
+    return corrected(mu, hp["b1"], count), (mu,)
+
+  rule = rules.ElementwiseRule("nested", ("mu",), ("learning_rate", "b1"),
+                               direction)
+  split = kernel_mosaic._split_rule(rule, (64, 64))
+  assert "pow" in {e.primitive.name for e in split.hoisted}
+  assert "pow" not in {e.primitive.name for e in split.in_kernel}
+  args = _inputs(rng, rule, 64, 64, 64)
+  _check(_run(args, rule, ONE_SUB, True),
+         fused_dw_update_reference(*args, rule=rule), 2e-6)
+
+
+def test_integer_scalars_reach_the_kernel_exactly(rng):
+  # A per-step uint32 key (beyond fp32's 24-bit integers) used per element:
+  # its low 23 bits become the mantissa of the direction (1.0 before), so a
+  # key rounded through fp32 would change the result.
+  def direction(grad, param, state, hp, count):
+    del param, state
+    key = count.astype(jnp.uint32) * jnp.uint32(2654435761)
+    one = jax.lax.bitcast_convert_type(grad * 0.0 + 1.0, jnp.uint32)
+    # The whole key enters the per-element XOR (masked only afterwards).
+    bits = ((one ^ key) & jnp.uint32(0x7FFFFF)) | jnp.uint32(0x3F800000)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32), ()
+
+  rule = rules.ElementwiseRule("keyed", (), ("learning_rate",), direction)
+  x, dy, w, state, _ = _inputs(rng, rule, 64, 64, 64)
+  args = (x, dy, w, state, rule.pack({"learning_rate": 1.0}, 12345))
+  got = _run(args, rule, ONE_SUB, True)
+  want = fused_dw_update_reference(*args, rule=rule)
+  # Equal up to the rounding of w - direction (|w - direction| < 8); a key
+  # rounded to fp32 would move the direction by about 1.3e-5.
+  np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-6)
+
+
+def test_shared_memory_estimate_matches_the_lowering(rng, monkeypatch):
+  # The estimate refuses what Mosaic GPU's lowering refuses (the default tile
+  # with two compute warpgroups) and accepts what it lowers.
+  args = _inputs(rng, rules.ADAMW, 128, 128, 256)
+  too_big = MosaicConfig(compute_wgs=2)
+  assert kernel_mosaic.smem_bytes(too_big, [jnp.float32] * 3) > kernel_mosaic.SMEM_BYTES
+  assert "shared memory" in kernel_mosaic.unsupported_reason(
+      *args[:4], rules.ADAMW, None, too_big)
+  assert kernel_mosaic.unsupported_reason(
+      *args[:4], rules.ADAMW, None, WS_CONFIGS[1]) is None
+  # Without the estimate's refusal, the lowering itself fails on that tile.
+  monkeypatch.setattr(kernel_mosaic, "SMEM_BYTES", 10**9)
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rules.ADAMW, config=too_big, interpret=False))
+  with pytest.raises(Exception, match="shared memory"):
+    fn.trace(*args).lower(lowering_platforms=("cuda",))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -157,13 +158,20 @@ def test_resume_with_another_optimizer_or_config_is_refused(text_file, tmp_path)
   # A new run (no --resume) into the directory of an old one.
   with pytest.raises(FileExistsError, match="--resume"):
     train_lm.main(_cfg(text_file, tmp_path / "r", steps=3))
-  with pytest.raises(ValueError, match="does not match"):
+  # Another optimizer (so another state tree) is named as a config change,
+  # before the restore would fail on the tree.
+  with pytest.raises(ValueError, match=r"another configuration.*optimizer="):
     train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True,
                        optimizer="optax-adamw"))
   with pytest.raises(ValueError, match=r"another configuration.*learning_rate=0.003 "
                      r"in the checkpoint, 0.1 now"):
     train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True,
                        learning_rate=0.1))
+  fold = tmp_path / "f"
+  train_lm.main(_cfg(text_file, fold, steps=2, optimizer="fold-adam"))
+  with pytest.raises(ValueError, match=r"fold_embeddings=False in the checkpoint, True now"):
+    train_lm.main(_cfg(text_file, fold, steps=3, resume=True,
+                       optimizer="fold-adam", fold_embeddings=True))
   # A longer schedule is a legitimate change.
   out = train_lm.main(_cfg(text_file, tmp_path / "r", steps=3, resume=True))
   assert [r["step"] for r in out["records"]] == [1, 2, 3]
@@ -173,3 +181,11 @@ def test_a_validation_split_too_short_is_refused_before_training(text_file, tmp_
   with pytest.raises(ValueError, match="val split"):
     train_lm.main(_cfg(text_file, tmp_path / "v", batch_size=512))
   assert not os.path.exists(tmp_path / "v" / "checkpoints")
+
+
+def test_a_warmup_longer_than_the_run_is_reported():
+  with pytest.warns(UserWarning, match="never reaches its peak"):
+    train_lm.resolve(train_lm.TrainConfig(preset="cpu-tiny", steps=20))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # a run longer than its warm-up: silent
+    train_lm.resolve(train_lm.TrainConfig(preset="cpu-tiny", steps=31))

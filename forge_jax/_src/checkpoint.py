@@ -107,6 +107,26 @@ def latest_checkpoint_step(directory: str | os.PathLike) -> int | None:
     return mngr.latest_step()
 
 
+def checkpoint_metadata(directory: str | os.PathLike,
+                        step: int | None = None) -> dict[str, Any]:
+  """The ``metadata`` saved with a checkpoint (the latest if ``step`` is None),
+  read without restoring any array (e.g. to compare configurations first).
+
+  Raises:
+    FileNotFoundError: if there is no complete checkpoint (at ``step``).
+  """
+  step = latest_checkpoint_step(directory) if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint under {os.fspath(directory)!r}")
+  with _manager(directory) as mngr:
+    if step not in mngr.all_steps():
+      raise FileNotFoundError(
+          f"no checkpoint at step {step} under {os.fspath(directory)!r}")
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        metadata=ocp.args.JsonRestore()))
+  return dict(restored["metadata"] or {})
+
+
 def restore_checkpoint(
     directory: str | os.PathLike,
     target,

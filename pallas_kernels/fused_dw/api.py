@@ -205,6 +205,23 @@ def fused_dw_update(
       raise ValueError(f"index_width={index_width} must be at least w's number "
                        f"of columns {w.shape[1]} and below 2**32")
   impl = resolve_implementation(implementation)
+  if impl == "mosaic":
+    # Checked before the empty-operand shortcut: 'mosaic' refuses what it
+    # does not cover even where no kernel would run.
+    if config is None:
+      config = MosaicConfig.default(x.shape[0], *w.shape)
+    if not isinstance(config, MosaicConfig):
+      raise ValueError(f"implementation='mosaic' needs a MosaicConfig, got "
+                       f"config={config!r}")
+    reason = kernel_mosaic.unsupported_reason(x, dy, w, state, rule, seed,
+                                              config, interpret)
+    if reason:
+      raise ValueError(f"implementation='mosaic': {reason}")
+    if not interpret and jax.default_backend() != "gpu":
+      raise RuntimeError(
+          "implementation='mosaic' needs a GPU backend (found "
+          f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
+          "in interpret mode, or implementation='xla' for the reference")
   if impl == "xla" or x.size == 0 or w.size == 0:
     # Empty operands (T = 0: dW = 0; or an empty W) need no kernel launch.
     return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule,
@@ -216,13 +233,6 @@ def fused_dw_update(
         f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
         "in interpret mode, or implementation='xla' for the reference")
   if impl == "mosaic":
-    if config is None:
-      config = MosaicConfig.default(x.shape[0], *w.shape)
-    if not isinstance(config, MosaicConfig):
-      raise ValueError(f"implementation='mosaic' needs a MosaicConfig, got "
-                       f"config={config!r}")
-    # index_offset/index_width only place stochastic-rounding bits, and the
-    # Mosaic kernel refuses a seed.
     return kernel_mosaic.fused_dw_update_mosaic(
         x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
         seed=seed)

@@ -102,6 +102,17 @@ class MosaicConfig:
   num_ctas: int | None = None
 
   def __post_init__(self):
+    for name in ("block_m", "block_n", "block_t", "max_concurrent_steps",
+                 "epi_m", "epi_n", "group_m", "epi_slots", "compute_wgs"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"MosaicConfig.{name}={v!r} must be an int")
+    if self.num_ctas is not None and (not isinstance(self.num_ctas, int)
+                                      or isinstance(self.num_ctas, bool)):
+      raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas!r} must be an int or None")
+    for name in ("early_epilogue", "transpose_x"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"MosaicConfig.{name}={getattr(self, name)!r} must be a bool")
     if self.block_m not in (64, 128):
       raise ValueError(f"MosaicConfig.block_m={self.block_m} must be 64 or 128")
     if self.block_n % 64 or not 64 <= self.block_n <= 256:
@@ -134,12 +145,34 @@ class MosaicConfig:
                block_n=128 if d_out % 128 == 0 else 64)
 
 
+SMEM_BYTES = 227 * 1024
+"""Shared memory a CTA may use on Hopper (H100/H200)."""
+
+
+def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16) -> int:
+  """Shared memory of one CTA, an upper bound: the token pipeline's stages
+  plus the epilogue buffers (one per W/state array and slot, per compute
+  warpgroup); both at once when they coexist (early_epilogue, or
+  compute_wgs=2). Mosaic GPU allocates fewer stages when T has fewer token
+  steps than ``max_concurrent_steps``."""
+  op = jnp.dtype(operand_dtype).itemsize
+  cta_n = config.block_n * config.compute_wgs
+  stages = config.max_concurrent_steps * config.block_t * (
+      config.block_m + cta_n) * op
+  epilogue = config.compute_wgs * config.epi_slots * config.epi_m * config.epi_n * sum(
+      jnp.dtype(d).itemsize for d in array_dtypes)
+  if config.early_epilogue or config.compute_wgs == 2:
+    return stages + epilogue
+  return max(stages, epilogue)
+
+
 def available() -> bool:
   """Whether this jax has Mosaic GPU Pallas."""
   return plgpu is not None
 
 
-def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig) -> str | None:
+def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
+                       interpret: bool = False) -> str | None:
   """Why this op cannot run on the Mosaic kernel, or None if it can."""
   from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
   if plgpu is None:
@@ -148,10 +181,18 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig) -> str
     return f"x and dy must be bfloat16 (got {x.dtype}, {dy.dtype})"
   if seed is not None:
     return "stochastic rounding (seed) is not implemented"
+  if interpret and not config.transpose_x:
+    return ("transpose_x=False (a transposed shared-memory view) is not "
+            "supported by the CPU interpreter")
+  if interpret and config.compute_wgs == 2:
+    return ("compute_wgs=2 is not run in interpret mode (the CPU interpreter "
+            "deadlocked intermittently on the warp-specialized layout; it is "
+            "tested compiled on the GPU)")
   if any(isinstance(s, quantization.QuantizedArray) for s in state):
     return "int8 states are not implemented"
-  if rule.state_cols(config.block_n) != config.block_n:
-    return f"rule {rule.name!r} has folded state"
+  if (not callable(getattr(rule, "update", None))
+      or rule.state_cols(config.block_n) != config.block_n):
+    return f"rule {rule.name!r} is not elementwise (folded state)"
   t, d_in = x.shape
   d_out = dy.shape[1]
   cta_n = config.block_n * config.compute_wgs
@@ -159,6 +200,11 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig) -> str
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
             f"block_m, block_n·compute_wgs = {config.block_t}, "
             f"{config.block_m}, {cta_n}")
+  need = smem_bytes(config, [w.dtype] + [s.dtype for s in state], x.dtype)
+  if need > SMEM_BYTES:
+    return (f"the tile needs about {need} bytes of shared memory, more than "
+            f"the {SMEM_BYTES} of a Hopper CTA (fewer max_concurrent_steps, "
+            "or a smaller epi_n)")
   return None
 
 
@@ -173,8 +219,12 @@ class _SplitRule:
   scalars: tuple             # hoisted variables that the kernel reads
 
 
-@functools.lru_cache(maxsize=64)
 def _split_rule(rule, tile_shape: tuple[int, int]) -> _SplitRule:
+  """Traces the rule on tiles (nested jits inlined) and splits its equations.
+
+  Not cached: a rule is traced again for every traced op (cheap), so a rule
+  that reads mutable state, or an unhashable one, behaves as in the other
+  implementations."""
   n = len(rule.state_names)
 
   def update(grad, w, *rest):
@@ -184,9 +234,18 @@ def _split_rule(rule, tile_shape: tuple[int, int]) -> _SplitRule:
     return (new_w, *new_state)
 
   tile = jax.ShapeDtypeStruct(tile_shape, jnp.float32)
-  closed = jax.make_jaxpr(update)(
-      tile, tile, *([tile] * n),
-      jax.ShapeDtypeStruct((rule.num_hyperparams,), jnp.float32))
+  avals = (tile, tile, *([tile] * n),
+           jax.ShapeDtypeStruct((rule.num_hyperparams,), jnp.float32))
+  nested = jax.make_jaxpr(update)(*avals)
+
+  def flat(*args):  # the same equations with every nested jit inlined
+    env = dict(zip(nested.jaxpr.constvars, nested.consts))
+    env.update(zip(nested.jaxpr.invars, args))
+    env = _eval_eqns(nested.jaxpr.eqns, env, inline=True)
+    return [v.val if isinstance(v, _Literal) else env[v]
+            for v in nested.jaxpr.outvars]
+
+  closed = jax.make_jaxpr(flat)(*avals)
   if closed.consts:
     raise NotImplementedError(f"rule {rule.name!r} closes over array constants")
   jaxpr = closed.jaxpr
@@ -211,9 +270,11 @@ def _split_rule(rule, tile_shape: tuple[int, int]) -> _SplitRule:
 
 
 def _sqrt_via_rsqrt(x, **params):
-  """sqrt(x) as x·rsqrt(x) (0 at 0), for Mosaic GPU builds without sqrt."""
+  """sqrt(x) as x·rsqrt(x), for Mosaic GPU builds without sqrt: 0 at 0, inf
+  at inf, NaN below 0 and at NaN, as sqrt."""
   del params
-  return jnp.where(x > 0, x * lax.rsqrt(x), x)
+  root = jnp.where(x > 0, x * lax.rsqrt(x), jnp.where(x == 0, x, jnp.nan))
+  return jnp.where(x == jnp.inf, x, root)
 
 
 def _select_n_broadcast(pred, *cases, **params):
@@ -241,17 +302,21 @@ def _missing_lowerings() -> dict:
   return replace
 
 
-def _eval_eqns(eqns, env, replace=None):
+def _eval_eqns(eqns, env, replace=None, inline=None):
+  """Binds ``eqns`` over ``env``; ``replace`` maps primitives to stand-ins,
+  and nested jits are inlined (so that replacements reach inside) when
+  ``replace`` is given or ``inline``."""
   replace = replace or {}
+  inline = bool(replace) if inline is None else inline
   def read(v):
     return v.val if isinstance(v, _Literal) else env[v]
   for eqn in eqns:
     inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("pjit", "jit") else None
-    if inner is not None and replace:
+    if inner is not None and inline:
       # Inlined, so that the replacements reach the equations inside.
       sub = dict(zip(inner.jaxpr.constvars, inner.consts))
       sub.update(zip(inner.jaxpr.invars, map(read, eqn.invars)))
-      sub = _eval_eqns(inner.jaxpr.eqns, sub, replace)
+      sub = _eval_eqns(inner.jaxpr.eqns, sub, replace, inline)
       env.update(zip(eqn.outvars, [
           v.val if isinstance(v, _Literal) else sub[v]
           for v in inner.jaxpr.outvars]))
@@ -267,12 +332,24 @@ def _eval_eqns(eqns, env, replace=None):
   return env
 
 
+def _to_f32_bits(v):
+  """A hoisted scalar in the fp32 vector: floats converted, 32-bit integers
+  bit-cast (exact), predicates as 0/1."""
+  if v.dtype == jnp.bool_ or jnp.issubdtype(v.dtype, jnp.floating):
+    return v.astype(jnp.float32)
+  if jnp.dtype(v.dtype).itemsize == 4:
+    return lax.bitcast_convert_type(v, jnp.float32)
+  raise NotImplementedError(
+      f"a hyperparameter-only value of dtype {v.dtype} cannot be passed to the "
+      "Mosaic kernel (fp32, bool and 32-bit integers can)")
+
+
 def rule_scalars(rule, hparams, tile_shape) -> jax.Array:
   """The rule's hyperparameter-only quantities for one step (fp32 vector;
   predicates as 0/1, cast back in the kernel)."""
   split = _split_rule(rule, tile_shape)
   env = _eval_eqns(split.hoisted, {split.jaxpr.invars[-1]: hparams})
-  vals = [jnp.reshape(env[v], ()).astype(jnp.float32) for v in split.scalars]
+  vals = [_to_f32_bits(jnp.reshape(env[v], ())) for v in split.scalars]
   return jnp.stack(vals + [jnp.zeros((), jnp.float32)])  # never empty
 
 
@@ -286,6 +363,8 @@ def _rule_in_kernel(split: _SplitRule, scalar_ref, grad, w, state,
     value = scalar_ref[i]  # fp32; predicates travel as 0/1
     if v.aval.dtype == jnp.bool_:
       value = value != 0
+    elif jnp.issubdtype(v.aval.dtype, jnp.integer):
+      value = lax.bitcast_convert_type(value, v.aval.dtype)
     elif v.aval.dtype != jnp.float32:
       value = value.astype(v.aval.dtype)
     env[v] = jnp.reshape(value, v.aval.shape) if v.aval.shape else value
@@ -540,7 +619,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     ValueError: if :func:`unsupported_reason` names a reason.
   """
   state = tuple(state)
-  reason = unsupported_reason(x, dy, w, state, rule, seed, config)
+  reason = unsupported_reason(x, dy, w, state, rule, seed, config, interpret)
   if reason:
     raise ValueError(f"implementation='mosaic': {reason}")
   tile = (config.epi_m, config.epi_n)
