@@ -23,7 +23,7 @@ def text_file(tmp_path):
 
 
 def _cfg(text_file, out, **kw):
-  base = dict(preset="cpu-tiny", steps=8, batch_size=4, seq_len=32,
+  base = dict(preset="cpu-tiny", steps=8, batch_size=4, seq_len=32, warmup_steps=2,
               eval_every=4, eval_batches=2, checkpoint_every=100,
               text_files=(text_file,), out=str(out), cache_dir=str(out) + "-cache")
   return train_lm.TrainConfig(**{**base, **kw})
