@@ -29,6 +29,10 @@ from pallas_kernels.fused_dw import fused_dw_update
 from pallas_kernels.fused_dw import fused_dw_update_reference
 
 C = MosaicConfig
+# Names: m<block_m>n<block_n>t<block_t>s<max_concurrent_steps>, then x3 = 3
+# epilogue slots, e<N> = epilogue sub-tiles 64 × N, noT = x fed through
+# a transposed shared-memory view (transpose_x=False); WS_* = warp-specialized
+# (compute_wgs=2, tile block_m × 2·block_n).
 CONFIGS = {
     # one warpgroup per CTA, one CTA per (block_m, block_n) tile
     "m128n128t64s3": C(128, 128, 64, 3),
@@ -46,14 +50,22 @@ HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--shapes", default="2048:4096x14336",
                  help="T:inxout, several separated by ','")
   p.add_argument("--modes", default="fp32", help="fp32 and/or bf16 (W and states)")
   p.add_argument("--configs", default=",".join(CONFIGS),
-                 help=f"comma-separated, from {list(CONFIGS)}")
-  p.add_argument("--reps", type=int, default=20)
-  p.add_argument("--interpret", action="store_true")
+                 help="comma-separated names: m<block_m>n<block_n>t<block_t>"
+                 "s<stages>, x3 = 3 epilogue slots, e<N> = epilogue sub-tile "
+                 "width, noT = transpose_x=False, WS_* = warp-specialized "
+                 "(compute_wgs=2); the warp-specialized and noT ones are "
+                 "GPU-only")
+  p.add_argument("--reps", type=int, default=20, help="timed runs per variant")
+  p.add_argument("--interpret", action="store_true",
+                 help="interpret mode on the CPU (correctness only; the floor "
+                 "and times are meaningless there)")
   a = p.parse_args(argv)
   names = a.configs.split(",")
   for n in names:
@@ -115,7 +127,7 @@ def main(argv=None):
       size = jnp.dtype(dtype).itemsize
       moved = 2 * t * (d_in + d_out) + 2 * d_in * d_out * 3 * size
       floor = max(2 * t * d_in * d_out / 790e12, moved / 4.3e12)
-      lines.append(f"## T={t} {d_in}x{d_out} {mode} floor {floor * 1e3:.3f} ms | "
+      lines.append(f"## T={t} {d_in}x{d_out} {mode} floor (H200) {floor * 1e3:.3f} ms | "
                    + " | ".join(f"{k} {v * 1e3:.3f} ({floor / v * 100:.0f}%)"
                                 for k, v in times.items()))
   print("\n".join(lines))
