@@ -35,6 +35,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.fused_dw import tiling
+
 try:  # Mosaic GPU Pallas (jax >= 0.5); absent builds only lose this backend.
   from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # pragma: no cover
@@ -164,11 +166,6 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16) -
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue
   return max(stages, epilogue)
-
-
-def available() -> bool:
-  """Whether this jax has Mosaic GPU Pallas."""
-  return plgpu is not None
 
 
 def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
@@ -347,7 +344,10 @@ def _to_f32_bits(v):
 def rule_scalars(rule, hparams, tile_shape) -> jax.Array:
   """The rule's hyperparameter-only quantities for one step (fp32 vector;
   predicates as 0/1, cast back in the kernel)."""
-  split = _split_rule(rule, tile_shape)
+  return _hoisted_scalars(_split_rule(rule, tile_shape), hparams)
+
+
+def _hoisted_scalars(split: _SplitRule, hparams) -> jax.Array:
   env = _eval_eqns(split.hoisted, {split.jaxpr.invars[-1]: hparams})
   vals = [_to_f32_bits(jnp.reshape(env[v], ())) for v in split.scalars]
   return jnp.stack(vals + [jnp.zeros((), jnp.float32)])  # never empty
@@ -383,6 +383,44 @@ def _smem_transforms(minor: int, dtype):
   return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
+# Sub-tile s+_AHEAD is loaded while s is computed; its slot held sub-tile
+# s+_AHEAD-slots, whose stores must have left shared memory first.
+_AHEAD = 2
+
+
+def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
+              out_refs, slot_ref, barrier, sub_gmem, load_sub):
+  """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
+
+  The first ``_AHEAD`` sub-tiles must already be loading; ``slot_ref(buf,
+  slot)`` is this warpgroup's buffer of a slot, ``barrier(a, s)`` the
+  barrier of array ``a`` for sub-tile ``s``, ``sub_gmem(ref, s)`` the
+  sub-tile's window of an HBM array and ``load_sub(s)`` starts its loads.
+  Returns with the stores issued; the caller waits for them.
+  """
+  em, en = config.epi_m, config.epi_n
+  n_arr = len(bufs)
+  pending_ok = config.epi_slots - _AHEAD  # store groups that may stay in flight
+  for s, (i, j) in enumerate(subs):
+    slot = s % config.epi_slots
+    for a in range(n_arr):
+      plgpu.barrier_wait(barrier(a, s))
+    vals = [slot_ref(buf, slot)[...].astype(jnp.float32) for buf in bufs]
+    grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
+    new_w, new_state = _rule_in_kernel(split, scalar_ref, grad, vals[0],
+                                       tuple(vals[1:]))
+    for buf, v in zip(bufs, (new_w, *new_state)):
+      slot_ref(buf, slot)[...] = v.astype(buf.dtype)
+    plgpu.commit_smem()
+    for a, (buf, ref) in enumerate(zip(bufs, out_refs)):
+      # One bulk group per sub-tile (committed with its last array).
+      plgpu.copy_smem_to_gmem(slot_ref(buf, slot), sub_gmem(ref, s),
+                              commit_group=a == n_arr - 1)
+    if s + _AHEAD < len(subs):
+      plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
+      load_sub(s + _AHEAD)
+
+
 def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
             n_arr: int, grid_axis: str):
   in_refs, out_refs = refs[:n_arr], refs[n_arr:2 * n_arr]
@@ -391,25 +429,14 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
 
-  pid = lax.axis_index(grid_axis)
-  num_m, num_n = d_in // bm, d_out // bn
-  in_group = config.group_m * num_n
-  first_m = (pid // in_group) * config.group_m
-  group_size = jnp.minimum(num_m - first_m, config.group_m)
-  m_i = first_m + (pid % in_group) % group_size
-  n_i = (pid % in_group) // group_size
-
+  m_i, n_i = tiling.grouped_tile(lax.axis_index(grid_axis), d_in // bm,
+                                 d_out // bn, config.group_m)
   subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
+  slots = config.epi_slots
 
   def sub_gmem(ref, s):
     i, j = subs[s]
     return ref.at[pl.ds(m_i * bm + i * em, em), pl.ds(n_i * bn + j * en, en)]
-
-  slots = config.epi_slots
-  # Sub-tile s+ahead is loaded while s is computed; its slot held sub-tile
-  # s+ahead-slots, whose stores must have left shared memory first.
-  ahead = 2
-  pending_ok = slots - ahead  # store groups that may stay in flight then
 
   def load_sub(bufs, barriers, s):
     for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
@@ -445,26 +472,14 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
     return pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
 
   def epilogue(acc, bufs, barriers, loaded: int):
-    for s in range(loaded, min(ahead, len(subs))):
+    for s in range(loaded, min(_AHEAD, len(subs))):
       load_sub(bufs, barriers, s)
-    for s, (i, j) in enumerate(subs):
-      slot = s % slots
-      for a in range(n_arr):
-        plgpu.barrier_wait(barriers.at[slots * a + slot])
-      vals = [buf.at[slot][...].astype(jnp.float32) for buf in bufs]
-      grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
-      new_w, new_state = _rule_in_kernel(split, scalar_ref, grad, vals[0],
-                                         tuple(vals[1:]))
-      for buf, v in zip(bufs, (new_w, *new_state)):
-        buf.at[slot][...] = v.astype(buf.dtype)
-      plgpu.commit_smem()
-      for a, (buf, ref) in enumerate(zip(bufs, out_refs)):
-        # One bulk group per sub-tile (committed with its last array).
-        plgpu.copy_smem_to_gmem(buf.at[slot], sub_gmem(ref, s),
-                                commit_group=a == n_arr - 1)
-      if s + ahead < len(subs):
-        plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
-        load_sub(bufs, barriers, s + ahead)
+    _epilogue(acc, subs=subs, config=config, split=split, scalar_ref=scalar_ref,
+              bufs=bufs, out_refs=out_refs,
+              slot_ref=lambda buf, slot: buf.at[slot],
+              barrier=lambda a, s: barriers.at[slots * a + s % slots],
+              sub_gmem=sub_gmem,
+              load_sub=functools.partial(load_sub, bufs, barriers))
     plgpu.wait_smem_to_gmem(0)
 
   scratch = dict(
@@ -475,9 +490,9 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
   if config.early_epilogue:
     def scope(bufs, barriers):
-      for s in range(min(ahead, len(subs))):
+      for s in range(min(_AHEAD, len(subs))):
         load_sub(bufs, barriers, s)
-      epilogue(matmul(), bufs, barriers, loaded=ahead)
+      epilogue(matmul(), bufs, barriers, loaded=_AHEAD)
     pl.run_scoped(scope, **scratch)
   else:
     acc = matmul()
@@ -496,14 +511,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   cta_n = 2 * bn
   num_m, num_n = d_in // bm, d_out // cta_n
   subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
-  slots, ahead = config.epi_slots, 2
-  pending_ok = slots - ahead
-
-  def tile_of(lin):
-    in_group = config.group_m * num_n
-    first_m = (lin // in_group) * config.group_m
-    group_size = jnp.minimum(num_m - first_m, config.group_m)
-    return first_m + (lin % in_group) % group_size, (lin % in_group) // group_size
+  slots = config.epi_slots
 
   x_spec = (plgpu.BlockSpec((bm, bt), lambda k: (0, k),
                             transforms=_smem_transforms(bt, x_ref.dtype))
@@ -534,7 +542,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
     @plgpu.nd_loop((num_m * num_n,), collective_axes="cta")
     def _tile_loop(info):
       (lin,) = info.index
-      m_i, n_i = tile_of(lin)
+      m_i, n_i = tiling.grouped_tile(lin, num_m, num_n, config.group_m)
 
       def sub_gmem(ref, s):
         i, j = subs[s]
@@ -550,30 +558,17 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
                                   barrier(a, s))
 
       def context(eval_pipeline):
-        for s in range(min(ahead, len(subs))):
+        for s in range(min(_AHEAD, len(subs))):
           load_sub(s)  # the epilogue's first sub-tiles arrive during the matmul
 
         def acc_scope(acc_ref):
           eval_pipeline(acc_ref)
           return acc_ref[...]
         acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
-        for s, (i, j) in enumerate(subs):
-          slot = s % slots
-          for a in range(n_arr):
-            plgpu.barrier_wait(barrier(a, s))
-          vals = [buf.at[wg, slot][...].astype(jnp.float32) for buf in bufs]
-          grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
-          new_w, new_state = _rule_in_kernel(split, scalar_ref, grad, vals[0],
-                                             tuple(vals[1:]))
-          for buf, v in zip(bufs, (new_w, *new_state)):
-            buf.at[wg, slot][...] = v.astype(buf.dtype)
-          plgpu.commit_smem()
-          for a, (buf, ref) in enumerate(zip(bufs, out_refs)):
-            plgpu.copy_smem_to_gmem(buf.at[wg, slot], sub_gmem(ref, s),
-                                    commit_group=a == n_arr - 1)
-          if s + ahead < len(subs):
-            plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
-            load_sub(s + ahead)
+        _epilogue(acc, subs=subs, config=config, split=split,
+                  scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
+                  slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
+                  sub_gmem=sub_gmem, load_sub=load_sub)
         # The next tile's first loads reuse these buffers.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -624,7 +619,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     raise ValueError(f"implementation='mosaic': {reason}")
   tile = (config.epi_m, config.epi_n)
   split = _split_rule(rule, tile)
-  scalars = rule_scalars(rule, hparams, tile)
+  scalars = _hoisted_scalars(split, hparams)
   n_arr = 1 + len(state)
   num_tiles = (w.shape[0] // config.block_m) * (w.shape[1] // config.block_n)
   out_shape = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, *state)]

@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import reference
+from pallas_kernels.fused_dw import tiling
 
 with warnings.catch_warnings():
   # JAX >= 0.11 deprecates the Pallas Triton backend in favour of Mosaic GPU;
@@ -150,15 +151,8 @@ def _fused_dw_kernel(
   even_mn = d_in % bm == 0 and d_out % bn == 0
 
   # L2-grouped ordering of the 1-D grid: group_m tile rows share x blocks.
-  pid = pl.program_id(0)
-  num_m = pl.cdiv(d_in, bm)
-  num_n = pl.cdiv(d_out, bn)
-  in_group = config.group_m * num_n
-  group = pid // in_group
-  first_m = group * config.group_m
-  group_size = jnp.minimum(num_m - first_m, config.group_m)
-  pid_m = first_m + (pid % in_group) % group_size
-  pid_n = (pid % in_group) // group_size
+  pid_m, pid_n = tiling.grouped_tile(pl.program_id(0), pl.cdiv(d_in, bm),
+                                     pl.cdiv(d_out, bn), config.group_m)
 
   rows = pid_m * bm + jnp.arange(bm)
   cols = pid_n * bn + jnp.arange(bn)
