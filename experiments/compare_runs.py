@@ -51,8 +51,10 @@ def main(argv=None) -> list[dict]:
 
   base_loss, base_val = curve(base, "loss"), curve(base, "val_loss")
   rows = []
+  longest = 0  # the last step any run shares with the baseline
   for path, m in zip(a.runs, runs):
     diff = abs_diffs(curve(m, "loss"), base_loss)
+    longest = max(longest, max(diff, default=0))
     s = m["summary"]
     rows.append({
         "run": path, "optimizer": m["config"]["optimizer"], "steps": len(diff),
@@ -67,9 +69,8 @@ def main(argv=None) -> list[dict]:
     })
   print(f"\nbaseline: {a.runs[-1]} ({base['config']['optimizer']}); "
         f"{base['num_params'] / 1e6:.1f}M params, {base['device']}, jax {base['jax']}")
-  # A window longer than every compared run is labelled by the steps it
+  # A window longer than every comparison is labelled by the steps it
   # really covers (a 5-step run's "1-50" mean is over steps 1-5).
-  longest = max((max(curve(m, "loss"), default=0) for m in runs), default=0)
   label = {w: f"1-{w}" if w <= longest else f"1-{longest} (of window {w})"
            for w in windows}
   print("| run | optimizer | steps compared | "

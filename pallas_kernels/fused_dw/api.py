@@ -52,6 +52,14 @@ def _default_platform() -> str:
   return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
 
 
+def _require_gpu(impl: str, interpret: bool) -> None:
+  if not interpret and jax.default_backend() != "gpu":
+    raise RuntimeError(
+        f"implementation={impl!r} needs a GPU backend (found "
+        f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
+        "in interpret mode, or implementation='xla' for the reference")
+
+
 def _check_args(x, dy, w, state, hparams, rule, seed):
   if x.ndim != 2:
     raise ValueError(f"x must be 2-D (T, in), got x.shape={x.shape}")
@@ -217,21 +225,13 @@ def fused_dw_update(
                                               config, interpret)
     if reason:
       raise ValueError(f"implementation='mosaic': {reason}")
-    if not interpret and jax.default_backend() != "gpu":
-      raise RuntimeError(
-          "implementation='mosaic' needs a GPU backend (found "
-          f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
-          "in interpret mode, or implementation='xla' for the reference")
+    _require_gpu(impl, interpret)
   if impl == "xla" or x.size == 0 or w.size == 0:
     # Empty operands (T = 0: dW = 0; or an empty W) need no kernel launch.
     return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule,
                                      seed=seed, index_offset=index_offset,
                                      index_width=index_width)
-  if not interpret and jax.default_backend() != "gpu":
-    raise RuntimeError(
-        f"implementation={impl!r} needs a GPU backend (found "
-        f"{jax.default_backend()!r}); pass interpret=True to run the kernel "
-        "in interpret mode, or implementation='xla' for the reference")
+  _require_gpu(impl, interpret)
   if impl == "mosaic":
     return kernel_mosaic.fused_dw_update_mosaic(
         x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
