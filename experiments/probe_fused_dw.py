@@ -32,13 +32,26 @@ from experiments import bench_fused_dw as bench
 from forge_jax.rules import ADAMW, SGD
 from pallas_kernels.fused_dw import FusedDWConfig, autotune, weight_grad_reference
 
-# (block_m, block_n, block_t, num_warps, num_stages, prefetch)
+# (block_m, block_n, block_t, num_warps, num_stages, prefetch[, epilogue_split])
 CONFIGS = (
     (128, 128, 64, 8, 3, 0), (128, 128, 64, 8, 4, 0), (128, 128, 64, 8, 4, 1),
     (128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 3), (128, 128, 64, 8, 3, 3),
     (128, 256, 64, 8, 3, 0), (128, 256, 64, 8, 3, 1), (128, 64, 64, 4, 4, 3),
     (64, 128, 64, 4, 4, 3), (128, 64, 64, 8, 4, 3), (64, 256, 64, 8, 4, 3),
+    (128, 128, 64, 8, 3, 0, 2), (128, 128, 64, 8, 4, 0, 2),
+    (128, 128, 64, 8, 3, 0, 4), (128, 256, 64, 8, 3, 0, 4),
 )
+
+
+def parse_configs(spec: str) -> tuple:
+  """``"bm,bn,bt,warps,stages,prefetch[,split];..."`` as CONFIGS tuples."""
+  out = []
+  for item in spec.split(";"):
+    fields = tuple(int(v) for v in item.split(","))
+    if len(fields) not in (6, 7):
+      raise ValueError(f"--configs entry {item!r} needs 6 or 7 integers")
+    out.append(fields)
+  return tuple(out)
 
 
 def main(argv=None):
@@ -47,8 +60,16 @@ def main(argv=None):
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--transpose-x", action="store_true",
                  help="also try every configuration with x pre-transposed")
+  p.add_argument("--configs", default=None, type=parse_configs,
+                 help="tiles to try instead of the built-in list: "
+                      "'bm,bn,bt,warps,stages,prefetch[,epilogue_split];...'")
+  p.add_argument("--rules", default="sgd,adamw",
+                 help="comma-separated subset of sgd,adamw")
   p.add_argument("--out", default="experiments/results")
   a = p.parse_args(argv)
+  rules = [r for r in (SGD, ADAMW) if r.name in a.rules.split(",")]
+  if not rules:
+    p.error(f"--rules {a.rules!r} names neither sgd nor adamw")
   t, dims = a.shape.split(":")
   t, (d_in, d_out) = int(t), map(int, dims.split("x"))
   rng = np.random.default_rng(0)
@@ -60,14 +81,15 @@ def main(argv=None):
   nu = mu * mu
   rows = [dict(variant="xla dW", seconds=bench._time(
       jax.jit(weight_grad_reference), [(x, dy)], a.reps), bytes=2 * t * (d_in + d_out) + 4 * d_in * d_out)]
-  for rule, state in ((SGD, ()), (ADAMW, (mu, nu))):
+  for rule, state in ((r, () if r is SGD else (mu, nu)) for r in rules):
     hp = rule.pack({n: bench.HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
     moved = 2 * t * (d_in + d_out) + 8 * d_in * d_out * (1 + len(state))
     r = bench.bench_case(rule, "fp32", t, d_in, d_out, [(x, dy)], a.reps, rng)
     rows.append(dict(variant=f"{rule.name} unfused (xla dW + update, donated)",
                      seconds=r["unfused_s"], bytes=moved))
-    configs = [FusedDWConfig(bm, bn, bt, 8, wp, st, transpose_x=tx, prefetch=pf)
-               for bm, bn, bt, wp, st, pf in CONFIGS
+    configs = [FusedDWConfig(bm, bn, bt, 8, wp, st, transpose_x=tx, prefetch=pf,
+                             epilogue_split=(rest or (1,))[0])
+               for bm, bn, bt, wp, st, pf, *rest in (a.configs or CONFIGS)
                for tx in ((False, True) if a.transpose_x else (False,))
                if pf <= len(state) + 1 and (pf <= 1 or state)]
     _, results = autotune.autotune(x, dy, w, state, hp, rule=rule,
@@ -77,6 +99,7 @@ def main(argv=None):
       name = (f"{rule.name} fused {c['block_m']}x{c['block_n']}x{c['block_t']} "
               f"w{c['num_warps']} s{c['num_stages']}"
               + (f" p{c['prefetch']}" if c["prefetch"] else "")
+              + (f" e{c['epilogue_split']}" if c["epilogue_split"] > 1 else "")
               + (" xT" if c["transpose_x"] else ""))
       rows.append(dict(variant=name, seconds=res.get("seconds"),
                        error=res.get("error"), bytes=moved))

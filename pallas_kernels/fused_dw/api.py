@@ -187,7 +187,8 @@ def fused_dw_update(
 
   Raises:
     ValueError: on wrong shapes or dtypes, an unknown implementation, a
-      ``config.block_n`` that is not a multiple of 64 with int8 state, a
+      ``config.block_n`` (per epilogue chunk) that is not a multiple of 64
+      with int8 state or of the rule's fold block, a
       config of the other kernel, or an op outside the Mosaic kernel's scope
       (the message says which condition).
     RuntimeError: for ``implementation='triton'`` without a GPU and without
@@ -217,7 +218,7 @@ def fused_dw_update(
     # Checked before the empty-operand shortcut: 'mosaic' refuses what it
     # does not cover even where no kernel would run.
     if config is None:
-      config = MosaicConfig.default(x.shape[0], *w.shape)
+      config = MosaicConfig.default(x.shape[0], *w.shape, interpret=interpret)
     if not isinstance(config, MosaicConfig):
       raise ValueError(f"implementation='mosaic' needs a MosaicConfig, got "
                        f"config={config!r}")
@@ -248,13 +249,15 @@ def fused_dw_update(
   if config is None:
     # A configuration tuned for this exact op (autotune.py), else the heuristic.
     config = autotune.lookup(autotune.cache_key(x, w, state, rule, seed is not None))
-    if config is None or config.block_n % min_block_n:
+    if config is None or config.chunk_n % min_block_n:
       config = FusedDWConfig.default(x.shape[0], *w.shape, x.dtype,
-                                     min_block_n=min_block_n)
-  elif config.block_n % min_block_n:
+                                     min_block_n=min_block_n,
+                                     quantized=quantized)
+  elif config.chunk_n % min_block_n:
     raise ValueError(
-        f"config.block_n={config.block_n} must be a multiple of {min_block_n} "
-        f"for rule {rule.name!r}" + (
+        (f"config.block_n={config.block_n}" if config.epilogue_split == 1 else
+         f"config.block_n / config.epilogue_split = {config.chunk_n}")
+        + f" must be a multiple of {min_block_n} for rule {rule.name!r}" + (
             " with int8 state (a tile must hold whole quantization blocks of "
             f"{quantization.BLOCK_SIZE} state columns)" if quantized else ""))
   return kernel_triton.fused_dw_update_triton(

@@ -103,6 +103,10 @@ def candidates(d_in: int, d_out: int, min_block_n: int) -> list[FusedDWConfig]:
       for bt, warps, stages in ((32, 4, 3), (64, 8, 3), (64, 8, 4), (32, 8, 4),
                                 (64, 4, 4)):
         out.append(FusedDWConfig(bm, bn, bt, 8, warps, stages))
+      # The epilogue in two column chunks (fewer registers, see
+      # FusedDWConfig.default) where each chunk still holds whole blocks.
+      if bm * bn >= 128 * 64 and bn // 2 >= max(min_block_n, 16):
+        out.append(FusedDWConfig(bm, bn, 64, 8, 8, 4, epilogue_split=2))
   return out
 
 

@@ -54,7 +54,13 @@ class FusedDWConfig:
       reduction axis (T); costs one copy of x.
     prefetch: how many of the epilogue's input tiles (W, then the states in
       order) are loaded before the token loop instead of after it, so that
-      their memory latency hides behind the matmul; each costs registers.
+      their memory latency hides behind the matmul; each costs registers
+      (with ``epilogue_split`` > 1, the first column chunk's tiles only).
+    epilogue_split: the tile's columns are accumulated in this many separate
+      (block_m, block_n / epilogue_split) chunks (one dot each per token
+      step) and the epilogue loads, updates and stores one chunk after the
+      other, so that it holds the W and state values of one chunk at a time
+      in registers instead of the whole tile's; a power of two.
   """
 
   block_m: int = 128
@@ -65,6 +71,7 @@ class FusedDWConfig:
   num_stages: int = 3
   transpose_x: bool = False
   prefetch: int = 0
+  epilogue_split: int = 1
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_t"):
@@ -76,17 +83,31 @@ class FusedDWConfig:
         raise ValueError(f"FusedDWConfig.{name} must be >= 1")
     if self.prefetch < 0:
       raise ValueError(f"FusedDWConfig.prefetch={self.prefetch} must be >= 0")
+    e = self.epilogue_split
+    if e < 1 or e & (e - 1) or self.block_n // e < 16:
+      raise ValueError(
+          f"FusedDWConfig.epilogue_split={e} must be a power of two with "
+          f"block_n / epilogue_split >= 16 (block_n={self.block_n})")
+
+  @property
+  def chunk_n(self) -> int:
+    """Columns of one epilogue chunk (``block_n / epilogue_split``)."""
+    return self.block_n // self.epilogue_split
 
   @classmethod
   def default(cls, t: int, d_in: int, d_out: int, dtype,
-              min_tiles: int = 132, min_block_n: int = 16) -> "FusedDWConfig":
+              min_tiles: int = 132, min_block_n: int = 16,
+              quantized: bool = False) -> "FusedDWConfig":
     """A heuristic configuration for x of shape (t, d_in), dY of (t, d_out).
 
     The token loop runs inside each program, so parallelism comes from the
     number of W tiles only: the largest tile that still gives ``min_tiles``
     programs (the H200's 132 multiprocessors) is taken, down to 32×32.
     ``block_n`` is at least ``min_block_n`` (64 for int8 state, whose
-    quantization blocks must lie whole in a tile).
+    quantization blocks must lie whole in a tile). ``quantized`` (int8
+    state) keeps the 3-stage, one-chunk epilogue below T=4096, which
+    measured faster for it (H200, AdamW int8, 4096->14336: 0.69 against
+    1.08 ms at T=512, 1.02 against 1.44 at 2048, 2.10 against 3.00 at 8192).
     """
     block_t = 64 if jnp.dtype(dtype).itemsize <= 2 else 32
     fit = lambda d, low: max(low, min(128, pl.next_power_of_2(d)))  # noqa: E731
@@ -102,11 +123,21 @@ class FusedDWConfig:
       else:
         bn //= 2
     num_warps = 8 if bm * bn >= 128 * 128 else 4
-    # A deeper pipeline pays off over long token loops (H200, T=8192,
-    # 4096->14336, AdamW: 2.08 ms with 4 stages, 2.43 ms with 3).
-    num_stages = 4 if t >= 4096 else 3
+    # A deeper pipeline pays off (H200, 4096->14336, AdamW fp32: 2.08 ms
+    # with 4 stages, 2.43 ms with 3 at T=8192; 0.85 against 0.97 ms at
+    # T=512) where its shared memory is small enough.
+    stage_bytes = block_t * (bm + bn) * jnp.dtype(dtype).itemsize
+    num_stages = 4 if t >= 4096 or (
+        4 * stage_bytes <= 128 * 1024 and not quantized) else 3
+    # A 128x128 fp32 accumulator plus the whole tile's W and moments does
+    # not fit in 255 registers per thread: ptxas spilled 1.1 GB of local
+    # memory at T=512 (ncu). Two column chunks spill nothing (H200, AdamW
+    # fp32, 4096->14336: 0.76 against 0.85 ms at T=512, 1.05 against 1.09
+    # at 2048, equal at 8192).
+    split = 2 if (bm * bn >= 128 * 128 and bn // 2 >= min_block_n
+                  and not quantized) else 1
     return cls(block_m=bm, block_n=bn, block_t=block_t, num_warps=num_warps,
-               num_stages=num_stages)
+               num_stages=num_stages, epilogue_split=split)
 
 
 def _load(ref, mask):
@@ -155,57 +186,73 @@ def _fused_dw_kernel(
                                      pl.cdiv(d_out, bn), config.group_m)
 
   rows = pid_m * bm + jnp.arange(bm)
-  cols = pid_n * bn + jnp.arange(bn)
   row_mask = rows < d_in
-  col_mask = cols < d_out
+  # The tile's columns in ``split`` chunks of cn, each with its own
+  # accumulator (one dot per chunk and token step) and epilogue.
+  split = config.epilogue_split
+  cn = bn // split
 
-  def body(k, acc):
+  def chunk_cols(c):
+    return pid_n * bn + c * cn + jnp.arange(cn)
+
+  def body(k, accs):
     tok = k * bt + jnp.arange(bt)
     tok_mask = tok < t
-    x_mask = dy_mask = None
+    x_mask = None
     if not (even_t and even_mn):
       x_mask = (row_mask[:, None] & tok_mask[None, :] if config.transpose_x
                 else tok_mask[:, None] & row_mask[None, :])
-      dy_mask = tok_mask[:, None] & col_mask[None, :]
     if config.transpose_x:
       x = _load(x_ref.at[pl.ds(pid_m * bm, bm), pl.ds(k * bt, bt)], x_mask)
     else:
       x = _load(x_ref.at[pl.ds(k * bt, bt), pl.ds(pid_m * bm, bm)], x_mask)
-    dy = _load(dy_ref.at[pl.ds(k * bt, bt), pl.ds(pid_n * bn, bn)], dy_mask)
-    return acc + plgpu.dot(x, dy, trans_a=not config.transpose_x,
-                           precision=precision)
+    out = []
+    for c, acc in enumerate(accs):
+      dy_mask = None
+      if not (even_t and even_mn):
+        dy_mask = tok_mask[:, None] & (chunk_cols(c) < d_out)[None, :]
+      dy = _load(dy_ref.at[pl.ds(k * bt, bt), pl.ds(pid_n * bn + c * cn, cn)],
+                 dy_mask)
+      out.append(acc + plgpu.dot(x, dy, trans_a=not config.transpose_x,
+                                 precision=precision))
+    return tuple(out)
 
-
-  tile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * bn, bn))
-  mask = row_mask[:, None] & col_mask[None, :]
-  if even_mn:
-    mask = None
-  # The state tile: bs columns of the state arrays (bn for an elementwise
-  # rule, bn / 2**l for folded moments).
-  bs = rule.state_cols(bn)
+  # The state chunk: bs columns of the state arrays (cn for an elementwise
+  # rule, cn / 2**l for folded moments).
+  bs = rule.state_cols(cn)
   d_state = rule.state_shape((d_in, d_out))[1]
-  scol_mask = pid_n * bs + jnp.arange(bs) < d_state
-  stile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * bs, bs))
-  smask = row_mask[:, None] & scol_mask[None, :]
-  if even_mn and d_state % bs == 0:
-    smask = None
-  # Scales of the int8 states: bs / 64 blocks per tile row.
+  # Scales of the int8 states: bs / 64 blocks per chunk row.
   nb = max(bs // quantization.BLOCK_SIZE, 1)
-  blocks = pid_n * nb + jnp.arange(nb)
-  scale_tile = (pl.ds(pid_m * bm, bm), pl.ds(pid_n * nb, nb))
-  scale_mask = row_mask[:, None] & (
-      blocks < quantization.num_blocks(d_state))[None, :]
-  if smask is None and quantization.num_blocks(d_state) % nb == 0:
-    scale_mask = None
   block_view = (bm, nb, quantization.BLOCK_SIZE)
 
-  def fetch_state(r, kind):
+  def windows(c):
+    """Index windows and masks (None when not needed) of chunk c."""
+    cols = chunk_cols(c)
+    col_mask = cols < d_out
+    mask = None if even_mn else row_mask[:, None] & col_mask[None, :]
+    s0 = (pid_n * split + c) * bs
+    smask = row_mask[:, None] & (s0 + jnp.arange(bs) < d_state)[None, :]
+    if even_mn and d_state % bs == 0:
+      smask = None
+    b0 = (pid_n * split + c) * nb
+    scale_mask = row_mask[:, None] & (
+        b0 + jnp.arange(nb) < quantization.num_blocks(d_state))[None, :]
+    if smask is None and quantization.num_blocks(d_state) % nb == 0:
+      scale_mask = None
+    return dict(
+        cols=cols, col_mask=col_mask, mask=mask, smask=smask,
+        scale_mask=scale_mask,
+        tile=(pl.ds(pid_m * bm, bm), pl.ds(pid_n * bn + c * cn, cn)),
+        stile=(pl.ds(pid_m * bm, bm), pl.ds(s0, bs)),
+        scale_tile=(pl.ds(pid_m * bm, bm), pl.ds(b0, nb)))
+
+  def fetch_state(r, kind, win):
     """The state tile as stored (a tile, or int8 codes and their scales)."""
     if kind == "plain":
-      return _load(r.at[stile], smask)
+      return _load(r.at[win["stile"]], win["smask"])
     codes_ref, scale_ref = r
-    return (_load(codes_ref.at[stile], smask),
-            _load(scale_ref.at[scale_tile], scale_mask))
+    return (_load(codes_ref.at[win["stile"]], win["smask"]),
+            _load(scale_ref.at[win["scale_tile"]], win["scale_mask"]))
 
   def decode_state(kind, stored):
     if kind == "plain":
@@ -215,9 +262,10 @@ def _fused_dw_kernel(
         codes.reshape(block_view), scale, kind == "nonneg")
     return values.reshape(bm, bs)
 
-  def store_state(r, kind, v):
+  def store_state(r, kind, v, win):
+    smask = win["smask"]
     if kind == "plain":
-      plgpu.store(r.at[stile], v.astype(r.dtype), mask=smask)
+      plgpu.store(r.at[win["stile"]], v.astype(r.dtype), mask=smask)
       return
     codes_ref, scale_ref = r
     # Lanes outside the state are zeroed so they do not enter a block's absmax.
@@ -225,35 +273,44 @@ def _fused_dw_kernel(
       v = jnp.where(smask, v, 0.0)
     v = v.reshape(block_view)
     codes, scale = quantization.quantize_blocks(v, kind == "nonneg")
-    plgpu.store(codes_ref.at[stile], codes.reshape(bm, bs).astype(jnp.int8),
-                mask=smask)
-    plgpu.store(scale_ref.at[scale_tile], scale, mask=scale_mask)
+    plgpu.store(codes_ref.at[win["stile"]],
+                codes.reshape(bm, bs).astype(jnp.int8), mask=smask)
+    plgpu.store(scale_ref.at[win["scale_tile"]], scale, mask=win["scale_mask"])
+
+  def loaders(win):
+    return [lambda: _load(w_ref.at[win["tile"]], win["mask"])] + [
+        functools.partial(fetch_state, r, k, win)
+        for r, k in zip(state_refs, kinds)]
+
+  def epilogue(grad, win, early):
+    stored = early + [f() for f in loaders(win)[len(early):]]
+    hp, count = rule.unpack(hp_ref)
+    w = stored[0]
+    state = tuple(decode_state(k, v) for k, v in zip(kinds, stored[1:]))
+    new_w, new_state = rule.update_masked(
+        grad, w.astype(jnp.float32), state, hp, count, win["col_mask"])
+    index = None
+    if has_seed:
+      # Global element index (this W may be one shard of a wider weight).
+      index = reference.element_index(rows, win["cols"], seed_ref[1],
+                                      seed_ref[2], index_width)
+    new_w = reference.round_weight(
+        new_w, w_out_ref.dtype, seed_ref[0] if has_seed else None, count, index)
+    plgpu.store(w_out_ref.at[win["tile"]], new_w, mask=win["mask"])
+    for r, k, v in zip(state_out_refs, kinds, new_state):
+      store_state(r, k, v, win)
 
   # The epilogue's input tiles as stored (W, then each state), the first
-  # ``config.prefetch`` of them loaded before the token loop so that their
-  # memory latency overlaps the matmul (at the cost of registers); decoded
-  # to fp32 only after it.
-  loaders = [lambda: _load(w_ref.at[tile], mask)] + [
-      functools.partial(fetch_state, r, k) for r, k in zip(state_refs, kinds)]
-  early = [f() for f in loaders[:config.prefetch]]
-  grad = lax.fori_loop(
-      0, pl.cdiv(t, bt), body, jnp.zeros((bm, bn), jnp.float32))
-  stored = early + [f() for f in loaders[config.prefetch:]]
-  w = stored[0]
-  state = tuple(decode_state(k, v) for k, v in zip(kinds, stored[1:]))
-  hp, count = rule.unpack(hp_ref)
-  new_w, new_state = rule.update_masked(
-      grad, w.astype(jnp.float32), state, hp, count, col_mask)
-  index = None
-  if has_seed:
-    # Global element index (this W may be one shard of a wider weight).
-    index = reference.element_index(rows, cols, seed_ref[1], seed_ref[2],
-                                    index_width)
-  new_w = reference.round_weight(
-      new_w, w_out_ref.dtype, seed_ref[0] if has_seed else None, count, index)
-  plgpu.store(w_out_ref.at[tile], new_w, mask=mask)
-  for r, k, v in zip(state_out_refs, kinds, new_state):
-    store_state(r, k, v)
+  # ``config.prefetch`` of the first chunk's loaded before the token loop so
+  # that their memory latency overlaps the matmul (at the cost of
+  # registers); decoded to fp32 only after it.
+  wins = [windows(c) for c in range(split)]
+  early = [f() for f in loaders(wins[0])[:config.prefetch]]
+  accs = lax.fori_loop(
+      0, pl.cdiv(t, bt), body,
+      tuple(jnp.zeros((bm, cn), jnp.float32) for _ in range(split)))
+  for c in range(split):
+    epilogue(accs[c], wins[c], early if c == 0 else [])
 
 
 def fused_dw_update_triton(
