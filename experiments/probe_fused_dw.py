@@ -47,9 +47,20 @@ def parse_configs(spec: str) -> tuple:
   """``"bm,bn,bt,warps,stages,prefetch[,split];..."`` as CONFIGS tuples."""
   out = []
   for item in spec.split(";"):
-    fields = tuple(int(v) for v in item.split(","))
+    try:
+      fields = tuple(int(v) for v in item.split(","))
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+          f"--configs entry {item!r} must be comma-separated integers") from None
     if len(fields) not in (6, 7):
-      raise ValueError(f"--configs entry {item!r} needs 6 or 7 integers")
+      raise argparse.ArgumentTypeError(
+          f"--configs entry {item!r} needs 6 or 7 integers, got {len(fields)}")
+    bm, bn, bt, warps, stages, prefetch, *rest = fields
+    try:  # checked now, not after the peaks were measured
+      FusedDWConfig(bm, bn, bt, 8, warps, stages, prefetch=prefetch,
+                    epilogue_split=(rest or [1])[0])
+    except ValueError as e:
+      raise argparse.ArgumentTypeError(f"--configs entry {item!r}: {e}") from None
     out.append(fields)
   return tuple(out)
 
@@ -67,9 +78,10 @@ def main(argv=None):
                  help="comma-separated subset of sgd,adamw")
   p.add_argument("--out", default="experiments/results")
   a = p.parse_args(argv)
+  unknown = set(a.rules.split(",")) - {SGD.name, ADAMW.name}
+  if unknown:
+    p.error(f"--rules: {sorted(unknown)} not in ['sgd', 'adamw']")
   rules = [r for r in (SGD, ADAMW) if r.name in a.rules.split(",")]
-  if not rules:
-    p.error(f"--rules {a.rules!r} names neither sgd nor adamw")
   t, dims = a.shape.split(":")
   t, (d_in, d_out) = int(t), map(int, dims.split("x"))
   rng = np.random.default_rng(0)

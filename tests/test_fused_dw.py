@@ -353,3 +353,13 @@ def test_epilogue_split_checks():
         learning_rate=1e-3, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0), 1),
                     rule=ADAMW, implementation="triton", interpret=True,
                     config=FusedDWConfig(16, 128, 16, epilogue_split=4))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(epilogue_split=2.0), "epilogue_split=2.0 must be an int"),
+    (dict(epilogue_split=True), "epilogue_split=True must be an int"),
+    (dict(transpose_x=1), "transpose_x=1 must be a bool"),
+    (dict(block_m=64.0), "block_m=64.0 must be an int")])
+def test_config_field_types(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    FusedDWConfig(**kwargs)

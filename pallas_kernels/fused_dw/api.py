@@ -161,8 +161,9 @@ def fused_dw_update(
     implementation: ``'xla'`` (unfused reference), ``'triton'`` (Pallas
       Triton kernel; needs a GPU unless ``interpret``), ``'mosaic'`` (Pallas
       Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY, no stochastic
-      rounding, no int8 or folded state, T/in/out divisible by its tile; not
-      in place: see :mod:`pallas_kernels.fused_dw.kernel_mosaic`) or
+      rounding, no int8 or folded state, T/in/out divisible by its tile; in
+      place when compiled and not vmapped: see
+      :mod:`pallas_kernels.fused_dw.kernel_mosaic`) or
       ``None`` (the Triton kernel on a GPU, the reference elsewhere).
     config: tile configuration of the kernel: a ``FusedDWConfig`` for
       ``'triton'`` (if None, the one recorded by

@@ -14,7 +14,9 @@ and out: the update is in place, as the Triton kernel's ``input_output_aliases``
 make it. (Returning fresh buffers instead costs a copy of W and every state
 when the caller donates them: measured 0.35 ms at 4096×14336 with fp32 AdamW
 states, against a 0.41 ms kernel at T=512.) The CPU interpreter does not take
-``Ref`` operands, so interpret mode writes fresh output buffers.
+``Ref`` operands, so interpret mode writes fresh output buffers, and neither
+does ``pl.kernel`` under ``vmap`` (a batch of Refs), so a vmapped op runs the
+batch on fresh buffers too.
 
 Scope (checked by :func:`unsupported_reason`; the Triton kernel covers the
 rest): bf16 x and dY, W fp32 or bf16 rounded to nearest (no stochastic
@@ -46,6 +48,8 @@ try:  # Mosaic GPU Pallas (jax >= 0.5); absent builds only lose this backend.
   from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # pragma: no cover
   plgpu = None
+
+from jax._src.state.discharge import run_state as _run_state
 
 try:
   from jax._src.pallas.mosaic_gpu.interpret import params as _interpret_params
@@ -655,17 +659,36 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     mesh = dict(grid=(min(ctas, num_tiles // 2),), grid_names=("cta",),
                 num_threads=3, thread_name="wg")
   name = f"forge_fused_dw_{rule.name}_mosaic"
+  out_type = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, *state)]
+
+  def fresh(*args):
+    """Fresh output buffers (plgpu.kernel, which also batches under vmap)."""
+    extra = {"interpret": interpret_params()} if interpret else {}
+    return list(plgpu.kernel(body, out_type=out_type, compiler_params=params,
+                             **mesh, **extra)(*args))
+
   if interpret:
     # The CPU interpreter takes no Ref operands: fresh output buffers.
-    outs = plgpu.kernel(
-        body, out_type=[jax.ShapeDtypeStruct(a.shape, a.dtype)
-                        for a in (w, *state)],
-        compiler_params=params, interpret=interpret_params(), **mesh,
-    )(*operands, w, *state)
+    outs = fresh(*operands, w, *state)
     return outs[0], tuple(outs[1:])
-  # W and the states as Refs: pl.kernel aliases them in and out (in place).
-  refs = [jax.new_ref(a) for a in (w, *state)]
-  pl.kernel(body, out_type=(), mesh=plgpu.Mesh(**mesh),
-            compiler_params=params, name=name)(*operands, *refs)
-  outs = [r[...] for r in refs]
+
+  @jax.custom_batching.custom_vmap
+  def in_place(*args):
+    # W and the states as Refs: pl.kernel aliases them in and out. run_state
+    # keeps the Refs inside (a pure function of the initial values), which
+    # custom_vmap needs.
+    def on_refs(refs):
+      pl.kernel(body, out_type=(), mesh=plgpu.Mesh(**mesh),
+                compiler_params=params, name=name)(*args[:len(operands)], *refs)
+    return list(_run_state(on_refs)(tuple(args[len(operands):])))
+
+  @in_place.def_vmap
+  def _batched(axis_size, in_batched, *args):
+    # pl.kernel batches Ref operands only with a batch of 1: under vmap the
+    # batch runs on fresh buffers (a copy of W and the states, not in place).
+    args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+            for a, b in zip(args, in_batched)]
+    return jax.vmap(fresh)(*args), [True] * len(out_type)
+
+  outs = in_place(*operands, w, *state)
   return outs[0], tuple(outs[1:])

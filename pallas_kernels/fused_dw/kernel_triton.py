@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import warnings
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+import numpy as np
 
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import reference
@@ -74,6 +76,14 @@ class FusedDWConfig:
   epilogue_split: int = 1
 
   def __post_init__(self):
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      is_bool = isinstance(v, (bool, np.bool_))
+      if f.name == "transpose_x" and not is_bool:
+        raise ValueError(f"FusedDWConfig.transpose_x={v!r} must be a bool")
+      if f.name != "transpose_x" and (
+          is_bool or not isinstance(v, numbers.Integral)):
+        raise ValueError(f"FusedDWConfig.{f.name}={v!r} must be an int")
     for name in ("block_m", "block_n", "block_t"):
       v = getattr(self, name)
       if v < 16 or v & (v - 1):
@@ -107,7 +117,10 @@ class FusedDWConfig:
     quantization blocks must lie whole in a tile). ``quantized`` (int8
     state) keeps the 3-stage, one-chunk epilogue below T=4096, which
     measured faster for it (H200, AdamW int8, 4096->14336: 0.69 against
-    1.08 ms at T=512, 1.02 against 1.44 at 2048, 2.10 against 3.00 at 8192).
+    1.08 ms at T=512, 1.02 against 1.44 at 2048; at T=8192, where all
+    states get 4 stages, one chunk took 2.11 ms and two 3.00). Unquantized
+    states get 4 stages where 4 of them fit in 128 KiB of shared memory
+    (else 3 below T=4096), and two chunks for 128×128 tiles or larger.
     """
     block_t = 64 if jnp.dtype(dtype).itemsize <= 2 else 32
     fit = lambda d, low: max(low, min(128, pl.next_power_of_2(d)))  # noqa: E731
