@@ -432,7 +432,9 @@ def main(cfg: TrainConfig) -> dict:
       rec["val_loss"] = _evaluate(eval_loss, state.params, data, cfg)
     records.append(rec)
     last_val = rec.get("val_loss", last_val)
-    bar.set_postfix(loss=f"{loss:.3f}", val_loss=f"{last_val:.3f}")
+    # "-" until the first evaluation (every --eval-every steps).
+    bar.set_postfix(loss=f"{loss:.3f}",
+                    val_loss="-" if math.isnan(last_val) else f"{last_val:.3f}")
     if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
       fj.save_checkpoint(ckpt_dir, state,
                          metadata={"config": dataclasses.asdict(cfg)})

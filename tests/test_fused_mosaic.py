@@ -354,6 +354,32 @@ def test_integer_scalars_reach_the_kernel_exactly(rng):
   # Equal up to the rounding of w - direction (|w - direction| < 8); a key
   # rounded to fp32 would move the direction by about 1.3e-5.
   np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-6)
+  # Compiled, the key must lower too (Mosaic GPU lowers no scalar bitcast:
+  # integers travel as two 16-bit halves).
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rule, config=ONE_SUB, interpret=False))
+  assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_signed_integer_scalars_reach_the_kernel_exactly(rng):
+  # A negative int32 hyperparameter-only value (its sign bit set) used per
+  # element must arrive bit for bit.
+  def direction(grad, param, state, hp, count):
+    del param, state
+    key = -(count.astype(jnp.int32) * 1000003)  # < 0
+    d = (grad * 0.0).astype(jnp.int32) ^ key  # per element
+    return ((d & 0x7FFF).astype(jnp.float32)
+            + jnp.where(d < 0, 0.5, 0.0).astype(jnp.float32)), ()
+
+  rule = rules.ElementwiseRule("signed", (), ("learning_rate",), direction)
+  x, dy, w, state, _ = _inputs(rng, rule, 64, 64, 64)
+  args = (x, dy, w, state, rule.pack({"learning_rate": 1e-3}, 4321))
+  split = kernel_mosaic._split_rule(rule, (64, 64))
+  assert any(v.aval.dtype == jnp.int32 for v in split.scalars)
+  got = _run(args, rule, ONE_SUB, True)
+  want = fused_dw_update_reference(*args, rule=rule)
+  # Up to rounding (|w| < 40); a lost sign or low bit moves W by >= 5e-4.
+  np.testing.assert_allclose(got[0], want[0], rtol=0, atol=2e-5)
 
 
 def test_shared_memory_estimate_matches_the_lowering(rng, monkeypatch):

@@ -141,3 +141,15 @@ def test_adagrad_state_starts_at_its_initial_value(rng):
 def test_bad_hyperparameters_are_refused(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+@pytest.mark.parametrize("count", [0, -1, np.float32(0.0), jnp.int32(0)])
+def test_pack_refuses_a_count_below_one(count):
+  # count is 1-based (optax's count after its increment); 0 would divide
+  # by zero in the bias corrections and give NaN without an error.
+  from forge_jax.rules import ADAMW as rule  # pylint: disable=g-import-not-at-top
+  hp = dict(learning_rate=1e-3, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.1)
+  with pytest.raises(ValueError, match="count=.*1-based"):
+    rule.pack(hp, count)
+  assert float(rule.pack(hp, 1)[-1]) == 1.0
+  assert float(jax.jit(lambda c: rule.pack(hp, c))(0)[-1]) == 0.0  # traced: not checked

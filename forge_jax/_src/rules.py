@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
 Array = jax.Array
 # (grad, param, state, hyperparams, count) -> (direction, new_state)
@@ -149,9 +150,20 @@ class ElementwiseRule:
   def pack(self, hyperparams: Mapping[str, Any], count: Any) -> Array:
     """Packs hyperparameters, derived constants and the step count (fp32).
 
+    ``count`` is the 1-based number of this update (optax's ``count`` after
+    its increment): 1 on the first step; bias corrections divide by
+    ``1 - b**count``, which is 0 at count 0.
+
     Raises:
-      ValueError: as :meth:`hyperparams_f32`.
+      ValueError: as :meth:`hyperparams_f32`, or for a concrete ``count``
+        below 1 (a traced count is not checked).
     """
+    if not isinstance(count, jax.core.Tracer):
+      c = np.asarray(count)
+      if c.size == 1 and float(c) < 1:
+        raise ValueError(
+            f"count={float(c):g}: the 1-based number of this update is "
+            "expected (1 on the first step, optax's count after its increment)")
     hp = self.hyperparams_f32(hyperparams)
     return jnp.stack([hp[n] for n in self.packed_names]
                      + [jnp.asarray(count, jnp.float32)])

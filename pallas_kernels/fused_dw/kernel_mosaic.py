@@ -344,13 +344,22 @@ def _eval_eqns(eqns, env, replace=None, inline=None):
   return env
 
 
-def _to_f32_bits(v):
-  """A hoisted scalar in the fp32 vector: floats converted, 32-bit integers
-  bit-cast (exact), predicates as 0/1."""
+def _is_int32(dtype) -> bool:
+  return (jnp.issubdtype(dtype, jnp.integer) and dtype != jnp.bool_
+          and jnp.dtype(dtype).itemsize == 4)
+
+
+def _to_f32_slots(v) -> list:
+  """A hoisted scalar as entries of the fp32 vector: floats converted,
+  predicates as 0/1, 32-bit integers as two exact 16-bit halves (high, low):
+  Mosaic GPU does not lower a scalar bitcast, but it lowers scalar
+  float-to-integer conversions, shifts and ors."""
   if v.dtype == jnp.bool_ or jnp.issubdtype(v.dtype, jnp.floating):
-    return v.astype(jnp.float32)
-  if jnp.dtype(v.dtype).itemsize == 4:
-    return lax.bitcast_convert_type(v, jnp.float32)
+    return [v.astype(jnp.float32)]
+  if _is_int32(v.dtype):
+    bits = lax.bitcast_convert_type(v, jnp.uint32)
+    return [(bits >> 16).astype(jnp.float32),
+            (bits & jnp.uint32(0xFFFF)).astype(jnp.float32)]
   raise NotImplementedError(
       f"a hyperparameter-only value of dtype {v.dtype} cannot be passed to the "
       "Mosaic kernel (fp32, bool and 32-bit integers can)")
@@ -364,7 +373,7 @@ def rule_scalars(rule, hparams, tile_shape) -> jax.Array:
 
 def _hoisted_scalars(split: _SplitRule, hparams) -> jax.Array:
   env = _eval_eqns(split.hoisted, {split.jaxpr.invars[-1]: hparams})
-  vals = [_to_f32_bits(jnp.reshape(env[v], ())) for v in split.scalars]
+  vals = [x for v in split.scalars for x in _to_f32_slots(jnp.reshape(env[v], ()))]
   return jnp.stack(vals + [jnp.zeros((), jnp.float32)])  # never empty
 
 
@@ -374,12 +383,16 @@ def _rule_in_kernel(split: _SplitRule, scalar_ref, grad, w, state,
   :func:`rule_scalars` (a kernel ref, or an array in tests)."""
   jaxpr = split.jaxpr
   env = dict(zip(jaxpr.invars[:-1], (grad, w, *state)))
-  for i, v in enumerate(split.scalars):
+  i = 0
+  for v in split.scalars:
     value = scalar_ref[i]  # fp32; predicates travel as 0/1
+    i += 1
     if v.aval.dtype == jnp.bool_:
       value = value != 0
-    elif jnp.issubdtype(v.aval.dtype, jnp.integer):
-      value = lax.bitcast_convert_type(value, v.aval.dtype)
+    elif _is_int32(v.aval.dtype):  # two 16-bit halves, see _to_f32_slots
+      dt = v.aval.dtype  # the shift and or are bitwise in int32 and uint32
+      value = (value.astype(dt) << dt.type(16)) | scalar_ref[i].astype(dt)
+      i += 1
     elif v.aval.dtype != jnp.float32:
       value = value.astype(v.aval.dtype)
     env[v] = jnp.reshape(value, v.aval.shape) if v.aval.shape else value
