@@ -160,8 +160,8 @@ def fused_dw_update(
     rule: an ``ElementwiseRule`` (e.g. ``forge_jax.rules.ADAMW``).
     implementation: ``'xla'`` (unfused reference), ``'triton'`` (Pallas
       Triton kernel; needs a GPU unless ``interpret``), ``'mosaic'`` (Pallas
-      Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY, no stochastic
-      rounding, no int8 or folded state, T/in/out divisible by its tile; in
+      Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY, no int8 or folded
+      state, T/in/out divisible by its tile; in
       place when compiled and not vmapped: see
       :mod:`pallas_kernels.fused_dw.kernel_mosaic`) or
       ``None`` (the Triton kernel on a GPU, the reference elsewhere).
@@ -237,7 +237,7 @@ def fused_dw_update(
   if impl == "mosaic":
     return kernel_mosaic.fused_dw_update_mosaic(
         x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
-        seed=seed)
+        seed=seed, index_offset=index_offset, index_width=index_width)
   if config is not None and not isinstance(config, FusedDWConfig):
     raise ValueError(f"implementation='triton' needs a FusedDWConfig, got "
                      f"config={config!r}")

@@ -19,9 +19,11 @@ does ``pl.kernel`` under ``vmap`` (a batch of Refs), so a vmapped op runs the
 batch on fresh buffers too.
 
 Scope (checked by :func:`unsupported_reason`; the Triton kernel covers the
-rest): bf16 x and dY, W fp32 or bf16 rounded to nearest (no stochastic
-rounding), plain fp32/bf16 states of an elementwise rule (no int8, no folded
-moments), and T, in, out divisible by block_t, block_m, block_n.
+rest): bf16 x and dY, W fp32, or bf16 rounded to nearest or stochastically
+(``seed``: the bits of :func:`reference.round_weight`, from the global element
+index built from iotas in the kernel), plain fp32/bf16 states of an
+elementwise rule (no int8, no folded moments), and T, in, out divisible by
+block_t, block_m, block_n.
 
 Rule arithmetic: the rule is traced once on tile-shaped avals; every equation
 that depends on the hyperparameters only (bias corrections such as
@@ -191,8 +193,6 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     return "this jax has no Mosaic GPU Pallas"
   if x.dtype != jnp.bfloat16 or dy.dtype != jnp.bfloat16:
     return f"x and dy must be bfloat16 (got {x.dtype}, {dy.dtype})"
-  if seed is not None:
-    return "stochastic rounding (seed) is not implemented"
   if interpret and not config.transpose_x:
     return ("transpose_x=False (a transposed shared-memory view) is not "
             "supported by the CPU interpreter")
@@ -225,29 +225,51 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
 
 @dataclasses.dataclass(frozen=True)
 class _SplitRule:
-  jaxpr: Any                 # the rule traced on tiles: (grad, w, *state, hp)
+  # the rule traced on tiles: (grad, w, *state[, rows, cols], hp[, seeds])
+  jaxpr: Any
   hoisted: tuple             # equations of the hyperparameters only
   in_kernel: tuple           # the other equations
   scalars: tuple             # hoisted variables that the kernel reads
+  num_scalar_inputs: int     # trailing invars on the scalar side (hp, seeds)
 
 
-def _split_rule(rule, tile_shape: tuple[int, int]) -> _SplitRule:
+def _split_rule(rule, tile_shape: tuple[int, int],
+                round_to=None, index_width: int = 0) -> _SplitRule:
   """Traces the rule on tiles (nested jits inlined) and splits its equations.
+
+  With ``round_to`` (bf16: stochastic rounding of the new W), the traced
+  function also takes the tile's global row and column indices (uint32
+  tiles, before the shard offset) and a uint32 vector ``[seed, row0, col0]``,
+  and rounds as :func:`reference.round_weight` does: the key derived from
+  seed and count is hoisted, the per-element hash stays in the kernel.
 
   Not cached: a rule is traced again for every traced op (cheap), so a rule
   that reads mutable state, or an unhashable one, behaves as in the other
   implementations."""
+  from pallas_kernels.fused_dw import reference  # pylint: disable=g-import-not-at-top
   n = len(rule.state_names)
+  sr = round_to is not None
 
   def update(grad, w, *rest):
-    state, hp_vec = rest[:n], rest[n]
+    state, rest = rest[:n], rest[n:]
+    if sr:
+      rows, cols, hp_vec, seeds = rest
+    else:
+      (hp_vec,) = rest
     hp, count = rule.unpack(hp_vec)
     new_w, new_state = rule.update(grad, w, tuple(state), hp, count)
+    if sr:
+      index = (rows + seeds[1]) * jnp.uint32(index_width) + (cols + seeds[2])
+      new_w = reference.round_weight(new_w, round_to, seeds[0], count, index)
     return (new_w, *new_state)
 
   tile = jax.ShapeDtypeStruct(tile_shape, jnp.float32)
-  avals = (tile, tile, *([tile] * n),
-           jax.ShapeDtypeStruct((rule.num_hyperparams,), jnp.float32))
+  avals = [tile, tile, *([tile] * n)]
+  if sr:
+    avals += [jax.ShapeDtypeStruct(tile_shape, jnp.uint32)] * 2
+  avals.append(jax.ShapeDtypeStruct((rule.num_hyperparams,), jnp.float32))
+  if sr:
+    avals.append(jax.ShapeDtypeStruct((3,), jnp.uint32))
   nested = jax.make_jaxpr(update)(*avals)
 
   def flat(*args):  # the same equations with every nested jit inlined
@@ -261,7 +283,9 @@ def _split_rule(rule, tile_shape: tuple[int, int]) -> _SplitRule:
   if closed.consts:
     raise NotImplementedError(f"rule {rule.name!r} closes over array constants")
   jaxpr = closed.jaxpr
-  scalar_side = {jaxpr.invars[-1]}
+  num_scalar_inputs = 2 if sr else 1
+  vectors = set(jaxpr.invars[-num_scalar_inputs:])
+  scalar_side = set(vectors)
   hoisted, in_kernel = [], []
   for eqn in jaxpr.eqns:
     ins = [v for v in eqn.invars if not isinstance(v, _Literal)]
@@ -274,11 +298,12 @@ def _split_rule(rule, tile_shape: tuple[int, int]) -> _SplitRule:
   needed = []
   for v in [v for e in in_kernel for v in e.invars] + list(jaxpr.outvars):
     if not isinstance(v, _Literal) and v in scalar_side and v not in needed:
-      if v is jaxpr.invars[-1]:
+      if v in vectors:
         raise NotImplementedError(
             f"rule {rule.name!r} uses the packed hyperparameter vector per element")
       needed.append(v)
-  return _SplitRule(jaxpr, tuple(hoisted), tuple(in_kernel), tuple(needed))
+  return _SplitRule(jaxpr, tuple(hoisted), tuple(in_kernel), tuple(needed),
+                    num_scalar_inputs)
 
 
 def _sqrt_via_rsqrt(x, **params):
@@ -371,18 +396,24 @@ def rule_scalars(rule, hparams, tile_shape) -> jax.Array:
   return _hoisted_scalars(_split_rule(rule, tile_shape), hparams)
 
 
-def _hoisted_scalars(split: _SplitRule, hparams) -> jax.Array:
-  env = _eval_eqns(split.hoisted, {split.jaxpr.invars[-1]: hparams})
+def _hoisted_scalars(split: _SplitRule, hparams, seeds=None) -> jax.Array:
+  """The fp32 vector the kernel reads; ``seeds`` = uint32 [seed, row0,
+  col0] when the split rounds stochastically."""
+  inputs = (hparams,) if split.num_scalar_inputs == 1 else (hparams, seeds)
+  env = _eval_eqns(split.hoisted, dict(zip(
+      split.jaxpr.invars[-split.num_scalar_inputs:], inputs)))
   vals = [x for v in split.scalars for x in _to_f32_slots(jnp.reshape(env[v], ()))]
   return jnp.stack(vals + [jnp.zeros((), jnp.float32)])  # never empty
 
 
 def _rule_in_kernel(split: _SplitRule, scalar_ref, grad, w, state,
-                    replace=None):
+                    replace=None, index_tiles=()):
   """The per-element equations on tiles; ``scalar_ref`` holds
-  :func:`rule_scalars` (a kernel ref, or an array in tests)."""
+  :func:`rule_scalars` (a kernel ref, or an array in tests);
+  ``index_tiles`` the (rows, cols) uint32 tiles of a rounding split."""
   jaxpr = split.jaxpr
-  env = dict(zip(jaxpr.invars[:-1], (grad, w, *state)))
+  env = dict(zip(jaxpr.invars[:-split.num_scalar_inputs],
+                 (grad, w, *state, *index_tiles)))
   i = 0
   for v in split.scalars:
     value = scalar_ref[i]  # fp32; predicates travel as 0/1
@@ -416,14 +447,26 @@ def _smem_transforms(minor: int, dtype):
 _AHEAD = 2
 
 
+def _index_tiles(split: _SplitRule, shape, origin):
+  """(rows, cols) uint32 tiles of W indices from ``origin`` (row, col of
+  the sub-tile's first element), for a split that rounds stochastically."""
+  if split.num_scalar_inputs == 1:
+    return ()
+  row0, col0 = origin
+  rows = lax.broadcasted_iota(jnp.int32, shape, 0) + row0
+  cols = lax.broadcasted_iota(jnp.int32, shape, 1) + col0
+  return rows.astype(jnp.uint32), cols.astype(jnp.uint32)
+
+
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
-              out_refs, slot_ref, barrier, sub_gmem, load_sub):
+              out_refs, slot_ref, barrier, sub_gmem, load_sub, origin):
   """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
 
   The first ``_AHEAD`` sub-tiles must already be loading; ``slot_ref(buf,
   slot)`` is this warpgroup's buffer of a slot, ``barrier(a, s)`` the
   barrier of array ``a`` for sub-tile ``s``, ``sub_gmem(ref, s)`` the
-  sub-tile's window of an HBM array and ``load_sub(s)`` starts its loads.
+  sub-tile's window of an HBM array, ``load_sub(s)`` starts its loads and
+  ``origin(s)`` is the (row, col) in W of its first element.
   Returns with the stores issued; the caller waits for them.
   """
   em, en = config.epi_m, config.epi_n
@@ -435,8 +478,9 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
       plgpu.barrier_wait(barrier(a, s))
     vals = [slot_ref(buf, slot)[...].astype(jnp.float32) for buf in bufs]
     grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
-    new_w, new_state = _rule_in_kernel(split, scalar_ref, grad, vals[0],
-                                       tuple(vals[1:]))
+    new_w, new_state = _rule_in_kernel(
+        split, scalar_ref, grad, vals[0], tuple(vals[1:]),
+        index_tiles=_index_tiles(split, (em, en), origin(s)))
     for buf, v in zip(bufs, (new_w, *new_state)):
       slot_ref(buf, slot)[...] = v.astype(buf.dtype)
     plgpu.commit_smem()
@@ -514,7 +558,9 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
               slot_ref=lambda buf, slot: buf.at[slot],
               barrier=lambda a, s: barriers.at[slots * a + s % slots],
               sub_gmem=sub_gmem,
-              load_sub=functools.partial(load_sub, bufs, barriers))
+              load_sub=functools.partial(load_sub, bufs, barriers),
+              origin=lambda s: (m_i * bm + subs[s][0] * em,
+                                n_i * bn + subs[s][1] * en))
     plgpu.wait_smem_to_gmem(0)
 
   scratch = dict(
@@ -603,7 +649,9 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
         _epilogue(acc, subs=subs, config=config, split=split,
                   scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
                   slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
-                  sub_gmem=sub_gmem, load_sub=load_sub)
+                  sub_gmem=sub_gmem, load_sub=load_sub,
+                  origin=lambda s: (m_i * bm + subs[s][0] * em,
+                                    n_i * cta_n + wg * bn + subs[s][1] * en))
         # The next tile's first loads reuse these buffers.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -642,7 +690,8 @@ def interpret_params():
 
 
 def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
-                           config: MosaicConfig, interpret: bool, seed=None):
+                           config: MosaicConfig, interpret: bool, seed=None,
+                           index_offset=(0, 0), index_width=None):
   """Runs the kernel; arguments as :func:`pallas_kernels.fused_dw.fused_dw_update`.
 
   Raises:
@@ -653,8 +702,14 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   if reason:
     raise ValueError(f"implementation='mosaic': {reason}")
   tile = (config.epi_m, config.epi_n)
-  split = _split_rule(rule, tile)
-  scalars = _hoisted_scalars(split, hparams)
+  from pallas_kernels.fused_dw import reference  # pylint: disable=g-import-not-at-top
+  sr = seed is not None and w.dtype != jnp.float32
+  split = _split_rule(rule, tile, round_to=w.dtype if sr else None,
+                      index_width=w.shape[1] if index_width is None else index_width)
+  seeds = None
+  if sr:  # as the Triton kernel: [seed, row0, col0] of this (shard of) W
+    seeds = jnp.stack([reference.as_uint32(v) for v in (seed, *index_offset)])
+  scalars = _hoisted_scalars(split, hparams, seeds)
   n_arr = 1 + len(state)
   num_tiles = (w.shape[0] // config.block_m) * (w.shape[1] // config.block_n)
   params = plgpu.CompilerParams(
