@@ -410,7 +410,7 @@ def main(cfg: TrainConfig) -> dict:
   end = cfg.steps if cfg.stop_at is None else min(cfg.stop_at, cfg.steps)
   bar = tqdm(range(start, end), initial=start, total=cfg.steps,
              desc=cfg.optimizer, dynamic_ncols=True)
-  last_val = float("nan")
+  last_val = None  # no evaluation yet
   for step in bar:
     batch = jax.tree.map(jnp.asarray, data.train_batch(
         step, cfg.batch_size, cfg.seq_len, cfg.seed))
@@ -434,7 +434,7 @@ def main(cfg: TrainConfig) -> dict:
     last_val = rec.get("val_loss", last_val)
     # "-" until the first evaluation (every --eval-every steps).
     bar.set_postfix(loss=f"{loss:.3f}",
-                    val_loss="-" if math.isnan(last_val) else f"{last_val:.3f}")
+                    val_loss="-" if last_val is None else f"{last_val:.3f}")
     if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
       fj.save_checkpoint(ckpt_dir, state,
                          metadata={"config": dataclasses.asdict(cfg)})

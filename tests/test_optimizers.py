@@ -143,7 +143,8 @@ def test_bad_hyperparameters_are_refused(make, match):
     make()
 
 
-@pytest.mark.parametrize("count", [0, -1, np.float32(0.0), jnp.int32(0)])
+@pytest.mark.parametrize("count", [0, -1, np.float32(0.0), jnp.int32(0),
+                                   float("nan"), np.array([0.0])])
 def test_pack_refuses_a_count_below_one(count):
   # count is 1-based (optax's count after its increment); 0 would divide
   # by zero in the bias corrections and give NaN without an error.

@@ -156,13 +156,13 @@ class ElementwiseRule:
 
     Raises:
       ValueError: as :meth:`hyperparams_f32`, or for a concrete ``count``
-        below 1 (a traced count is not checked).
+        below 1 or NaN (a traced count is not checked).
     """
     if not isinstance(count, jax.core.Tracer):
       c = np.asarray(count)
-      if c.size == 1 and float(c) < 1:
+      if c.size == 1 and not float(c.reshape(())) >= 1:  # NaN too
         raise ValueError(
-            f"count={float(c):g}: the 1-based number of this update is "
+            f"count={float(c.reshape(())):g}: the 1-based number of this update is "
             "expected (1 on the first step, optax's count after its increment)")
     hp = self.hyperparams_f32(hyperparams)
     return jnp.stack([hp[n] for n in self.packed_names]

@@ -717,43 +717,44 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   operands = (x.T if config.transpose_x else x, dy, scalars)
   if config.compute_wgs == 1:
     body = functools.partial(_kernel, config=config, split=split, n_arr=n_arr,
-                             grid_axis="tile", in_place=not interpret)
+                             grid_axis="tile")
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
   else:
     # num_tiles // 2 CTA tiles of (block_m, 2·block_n), shared out by nd_loop.
     ctas = config.num_ctas or (2 if interpret else _num_sms())
     body = functools.partial(_kernel_ws, config=config, split=split,
-                             n_arr=n_arr, in_place=not interpret)
+                             n_arr=n_arr)
     mesh = dict(grid=(min(ctas, num_tiles // 2),), grid_names=("cta",),
                 num_threads=3, thread_name="wg")
   name = f"forge_fused_dw_{rule.name}_mosaic"
   out_type = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, *state)]
 
   def fresh(*args):
-    """Fresh output buffers (plgpu.kernel, which also batches under vmap)."""
+    """Fresh output buffers (plgpu.kernel, which also batches under vmap):
+    the body reads W and the states from inputs and writes separate outputs."""
     extra = {"interpret": interpret_params()} if interpret else {}
-    return list(plgpu.kernel(body, out_type=out_type, compiler_params=params,
-                             **mesh, **extra)(*args))
-
-  if interpret:
-    # The CPU interpreter takes no Ref operands: fresh output buffers.
-    outs = fresh(*operands, w, *state)
-    return outs[0], tuple(outs[1:])
+    return list(plgpu.kernel(functools.partial(body, in_place=False),
+                             out_type=out_type, compiler_params=params,
+                             kernel_name=name, **mesh, **extra)(*args))
 
   @jax.custom_batching.custom_vmap
   def in_place(*args):
+    if interpret:  # the CPU interpreter takes no Ref operands
+      return fresh(*args)
     # W and the states as Refs: pl.kernel aliases them in and out. run_state
     # keeps the Refs inside (a pure function of the initial values), which
     # custom_vmap needs.
     def on_refs(refs):
-      pl.kernel(body, out_type=(), mesh=plgpu.Mesh(**mesh),
-                compiler_params=params, name=name)(*args[:len(operands)], *refs)
+      pl.kernel(functools.partial(body, in_place=True), out_type=(),
+                mesh=plgpu.Mesh(**mesh), compiler_params=params,
+                name=name)(*args[:len(operands)], *refs)
     return list(_run_state(on_refs)(tuple(args[len(operands):])))
 
   @in_place.def_vmap
   def _batched(axis_size, in_batched, *args):
     # pl.kernel batches Ref operands only with a batch of 1: under vmap the
     # batch runs on fresh buffers (a copy of W and the states, not in place).
+    # The same rule runs in interpret mode, so the CPU tests cover it.
     args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
             for a, b in zip(args, in_batched)]
     return jax.vmap(fresh)(*args), [True] * len(out_type)
