@@ -51,7 +51,7 @@ LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
 
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
-            logits_dtype: str = "float32") -> dict:
+            logits_dtype: str = "float32", implementation: str = "auto") -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
@@ -134,7 +134,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
                            opt_state=opt_state), {"loss": loss}
     lowered = step.lower(state, batch)
   else:
-    step = fj.make_train_step(loss_fn, check_backward=False)
+    step = fj.make_train_step(loss_fn, check_backward=False,
+                              implementation=implementation)
     with in_mesh():
       lowered = step.lower(state, batch)
   t_compile = time.perf_counter()
@@ -159,7 +160,9 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   median = float(np.median(times[2:] or times))
   return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
               optimizer=optimizer, layout=layout, tp=tp, attention=attention,
-              logits_dtype=logits_dtype, **analysis,
+              logits_dtype=logits_dtype,
+              implementation=None if optimizer == "optax" else implementation,
+              **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=peak_bytes(), step_s=median,
               tokens_per_s=tokens / median, loss=float(m["loss"]),
@@ -176,6 +179,8 @@ def _layout_label(row: dict) -> str:
     label += f", {row['attention']} attention"
   if row.get("logits_dtype", "float32") != "float32":
     label += f", {row['logits_dtype'].replace('bfloat16', 'bf16')} logits"
+  if row.get("implementation"):  # fused variants since stop 15
+    label += f", {row['implementation']} kernel"
   return label
 
 
@@ -231,6 +236,10 @@ def main(argv=None):
                  choices=("float32", "bfloat16"),
                  help="LlamaConfig.logits_dtype: bfloat16 (the head's own "
                  "output, default) keeps no fp32 T x V logits or gradient")
+  p.add_argument("--implementation", default="auto",
+                 choices=("triton", "mosaic", "auto"),
+                 help="the fused kernel of the FORGE variants (auto: Mosaic on "
+                 "Hopper where it covers the op, else Triton)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
@@ -246,7 +255,8 @@ def main(argv=None):
   if a.one:
     t, opt, layout = a.one.split(":")
     print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
-                                         a.tp, a.attention, a.logits_dtype)))
+                                         a.tp, a.attention, a.logits_dtype,
+                                         a.implementation)))
     return None
   rows = []
   for t in [int(v) for v in a.tokens.split(",")]:
@@ -258,10 +268,11 @@ def main(argv=None):
         cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
                "--attention", a.attention, "--logits-dtype", a.logits_dtype,
-               "--one", f"{t}:{opt}:{layout}"]
+               "--implementation", a.implementation, "--one", f"{t}:{opt}:{layout}"]
         variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
                        tp=a.tp, attention=a.attention,
-                       logits_dtype=a.logits_dtype)  # for an error row
+                       logits_dtype=a.logits_dtype,
+                       implementation=None if opt == "optax" else a.implementation)
         try:
           proc = subprocess.run(cmd, capture_output=True, text=True,
                                 timeout=a.timeout)

@@ -101,7 +101,7 @@ class TrainConfig:
   corpus: str = "tiny_shakespeare"
   val_fraction: float = 0.1
   seed: int = 0
-  implementation: str | None = None  # ForgeDense kernel: xla | triton | None
+  implementation: str | None = None  # ForgeDense kernel: xla|triton|mosaic|auto|None
   out: str = "runs/train_lm"
   resume: bool = False
   stop_at: int | None = None  # stop (with a checkpoint) before `steps`
@@ -505,7 +505,7 @@ def parse_args(argv=None) -> TrainConfig:
                  help="train on these UTF-8 files instead of the default corpus")
   p.add_argument("--val-fraction", type=float, default=TrainConfig.val_fraction)
   p.add_argument("--seed", type=int, default=TrainConfig.seed)
-  p.add_argument("--implementation", choices=("xla", "triton"))
+  p.add_argument("--implementation", choices=("xla", "triton", "mosaic", "auto"))
   p.add_argument("--out", default=TrainConfig.out)
   p.add_argument("--resume", action="store_true",
                  help="continue from the latest checkpoint under --out")

@@ -98,9 +98,64 @@ def test_several_token_blocks_and_tiles_with_default_config(rng):
 def test_implementation_switch():
   assert resolve_implementation("xla") == "xla"
   assert resolve_implementation("triton") == "triton"
-  assert resolve_implementation(None) == ("triton" if ON_GPU else "xla")
+  assert resolve_implementation("auto") == ("auto" if ON_GPU else "xla")
+  assert resolve_implementation(None) == ("auto" if ON_GPU else "xla")
   with pytest.raises(ValueError, match="implementation='cuda'"):
     resolve_implementation("cuda")
+
+
+def _op(rng, t, d_in, d_out, dtype=jnp.bfloat16, state_dtype=jnp.float32):
+  x, dy, w, (mu, nu), _ = _inputs(rng, t, d_in, d_out, dtype)
+  return x, dy, w, (mu.astype(state_dtype), nu.astype(state_dtype))
+
+
+def test_auto_picks_mosaic_only_where_it_covers_the_op(rng):
+  from forge_jax._src.fold import FoldAdamRule
+  from pallas_kernels import quantization
+  from pallas_kernels.fused_dw import MosaicConfig
+  from pallas_kernels.fused_dw import select_kernel
+  hopper = dict(compute_capability="9.0")
+  x, dy, w, st = _op(rng, 128, 128, 256)
+  assert select_kernel(x, dy, w, st, ADAMW, None, **hopper) == "mosaic"
+  # bf16 W with stochastic rounding and bf16 states are covered too.
+  wb = w.astype(jnp.bfloat16)
+  sb = tuple(s.astype(jnp.bfloat16) for s in st)
+  assert select_kernel(x, dy, wb, sb, ADAMW, jnp.uint32(3), **hopper) == "mosaic"
+  assert select_kernel(x, dy, w, st, ADAMW, None,
+                       config=MosaicConfig(block_n=64), **hopper) == "mosaic"
+  # Everything else goes to Triton.
+  assert select_kernel(x, dy, w, st, ADAMW, None, compute_capability="8.0") == "triton"
+  assert select_kernel(x, dy, w, st, ADAMW, None, interpret=True, **hopper) == "triton"
+  assert select_kernel(x, dy, w, st, ADAMW, None, config=SMALL, **hopper) == "triton"
+  xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
+  assert select_kernel(xf, dyf, w, st, ADAMW, None, **hopper) == "triton"
+  # int8 states stay on Triton until the Mosaic int8 path has run compiled.
+  q = (quantization.quantize(st[0], False), quantization.quantize(st[1], True))
+  assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), **hopper) == "triton"
+  fold = FoldAdamRule(2)
+  fst = tuple(jnp.zeros(fold.state_shape(w.shape)) for _ in fold.state_names)
+  assert select_kernel(x, dy, w, fst, fold, None, **hopper) == "triton"
+  for t, d_in, d_out in [(100, 128, 256), (128, 96, 256), (128, 128, 200)]:
+    xo, dyo, wo, so = _op(rng, t, d_in, d_out)
+    assert select_kernel(xo, dyo, wo, so, ADAMW, None, **hopper) == "triton"
+  # Under vmap (a batch of weights) the Mosaic op would copy W: Triton.
+  picked = []
+  def pick(w_):
+    picked.append(select_kernel(x, dy, w_, st, ADAMW, None, **hopper))
+    return w_
+  jax.vmap(pick)(jnp.stack([w, w]))
+  assert picked == ["triton"]
+
+
+def test_auto_runs_everywhere(rng):
+  # 'auto' (and None) pick a kernel on a GPU and the reference elsewhere:
+  # never a "needs a GPU" error, and the result is the reference's.
+  x, dy, w, st, hp = _inputs(rng, 128, 64, 128, jnp.bfloat16)
+  ref = fused_dw_update_reference(x, dy, w, st, hp, rule=ADAMW)
+  for impl in ("auto", None):
+    got = fused_dw_update(x, dy, w, st, hp, rule=ADAMW, implementation=impl)
+    assert rel_err(got[0], ref[0]) < 1e-6
+    assert rel_err(got[1][1], ref[1][1]) < 1e-5
 
 
 def test_explicit_triton_never_falls_back(rng):

@@ -143,13 +143,13 @@ def test_sqrt_replacement_matches_sqrt(rng):
     (dict(t=100), "must divide by block_t"),
     (dict(d_out=96), "must divide by block_t"),
     (dict(x_dtype=jnp.float32), "must be bfloat16"),
-    (dict(int8=True), "int8 states"),
+    (dict(int8=True, epi32=True), "int8 states need epi_n = 64"),
     (dict(fold=True), "folded state"),
     (dict(fold0=True), "not elementwise"),
     (dict(big_tile=True, t=128, d_in=128, d_out=256), "shared memory"),
     (dict(no_transpose=True), "interpreter"),
     (dict(ws_interpret=True, d_out=128), "not run in interpret mode"),
-    (dict(t=0, int8=True), "int8"),  # refused even with T = 0
+    (dict(t=0, int8=True, epi32=True), "int8"),  # refused even with T = 0
     (dict(triton_config=True), "needs a MosaicConfig"),
 ])
 def test_out_of_scope_ops_are_refused(rng, change, match):
@@ -176,7 +176,9 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
             MosaicConfig(block_m=64, block_n=64, transpose_x=False)
             if change.get("no_transpose") else
             MosaicConfig(block_m=64, block_n=64, epi_n=32, compute_wgs=2)
-            if change.get("ws_interpret") else ONE_SUB)
+            if change.get("ws_interpret") else
+            MosaicConfig(block_m=64, block_n=64, epi_n=32)
+            if change.get("epi32") else ONE_SUB)
   with pytest.raises(ValueError, match=match):
     fused_dw_update(x, dy, w, state, hp, rule=rule, implementation="mosaic",
                     config=config, interpret=True)
@@ -446,3 +448,134 @@ def test_shared_memory_estimate_matches_the_lowering(rng, monkeypatch):
       *a, rule=rules.ADAMW, config=too_big, interpret=False))
   with pytest.raises(Exception, match="shared memory"):
     fn.trace(*args).lower(lowering_platforms=("cuda",))
+
+
+# --- int8 states (absmax blocks of 64, one fp32 scale each) ---------------
+
+INT8_RULES = [rules.ADAMW, rules.LION, rules.RMSPROP, rules.ADAGRAD,
+              rules.SGD_MOMENTUM]
+
+
+def _quantized(rule, state):
+  return tuple(quantization.quantize(s.astype(jnp.float32),
+                                     n in rule.nonnegative_states)
+               for s, n in zip(state, rule.state_names))
+
+
+def _check_int8(got, want, w_tol):
+  """W to ``w_tol`` (0: bitwise); int8 codes equal but for rare one-code
+  steps (the kernel's sqrt is x·rsqrt(x) where Mosaic GPU has no sqrt, an
+  ulp away), scales to fp32 rounding."""
+  gw, gs = got
+  rw, rs = want
+  assert gw.dtype == rw.dtype
+  if w_tol:
+    assert rel_err(gw, rw) <= w_tol, rel_err(gw, rw)
+  else:
+    np.testing.assert_array_equal(np.asarray(gw, np.float32), np.asarray(rw, np.float32))
+  for g, r in zip(gs, rs):
+    assert isinstance(g, quantization.QuantizedArray) and g.nonnegative == r.nonnegative
+    assert g.codes.dtype == jnp.int8 and g.scale.shape == r.scale.shape
+    diff = np.abs(np.asarray(g.codes, np.int32) - np.asarray(r.codes, np.int32))
+    assert diff.max() <= 1 and diff.mean() <= 1e-3, (diff.max(), diff.mean())
+    assert rel_err(g.scale, r.scale) <= 1e-6, rel_err(g.scale, r.scale)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+@pytest.mark.parametrize("rule", INT8_RULES, ids=lambda r: r.name)
+def test_int8_states_match_reference(rng, rule, interpret):
+  # Several sub-tiles per tile and several tiles: each sub-tile's scales are
+  # one row of the transposed scales, loaded and stored in place.
+  args = _inputs(rng, rule, 128, 128, 384)
+  args = (*args[:3], _quantized(rule, args[3]), args[4])
+  config = MosaicConfig(block_m=128, block_n=128, max_concurrent_steps=2)
+  got = _run(args, rule, config, interpret)
+  want = fused_dw_update_reference(*args, rule=rule)
+  _check_int8(got, want, 2e-6)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+def test_int8_states_with_stochastic_rounding_and_offsets(rng, interpret):
+  # The model-scale mode: bf16 W rounded stochastically, int8 moments.
+  args = _inputs(rng, rules.ADAMW, 64, 192, 256, w_dtype=jnp.bfloat16)
+  args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
+  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5), index_offset=(64, 256),
+            index_width=1024)
+  got = jax.jit(lambda *a: fused_dw_update(
+      *a, implementation="mosaic", config=ONE_SUB, interpret=interpret,
+      **kw))(*args)
+  want = jax.jit(lambda *a: fused_dw_update_reference(*a, **kw))(*args)
+  if interpret:  # the same arithmetic as the jitted reference: W bitwise
+    _check_int8(got, want, 0)
+  else:
+    assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
+    _check_int8((got[0].astype(jnp.float32), got[1]),
+                (want[0].astype(jnp.float32), want[1]), 2 ** -8)
+
+
+@pytest.mark.parametrize("interpret", INTERPRET)
+def test_int8_three_steps_match_the_unfused_loop(rng, interpret):
+  rule = rules.ADAMW
+  x, dy, w, state, _ = _inputs(rng, rule, 64, 64, 256)
+  state = got_state = _quantized(rule, state)
+  got_w = w
+  for count in (1, 2, 3):
+    hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, count)
+    x = jnp.asarray(rng.standard_normal(x.shape), x.dtype)
+    got_w, got_state = _run((x, dy, got_w, got_state, hp), rule, ONE_SUB, interpret)
+    w, state = fused_dw_update_reference(x, dy, w, state, hp, rule=rule)
+  assert rel_err(got_w, w) <= 1e-5
+  for g, r in zip(got_state, state):
+    assert rel_err(quantization.dequantize(g), quantization.dequantize(r)) <= 1e-3
+
+
+def test_int8_blocks_of_zeros_and_tiny_values(rng):
+  # Where dY's columns are 0 the gradient is 0: blocks whose new moments are
+  # all zero (scale 0, no NaN) or below the signed code's 1e-30 floor are
+  # stored as the reference stores them.
+  rule = rules.ADAMW
+  x, dy, w, state, hp = _inputs(rng, rule, 64, 64, 256)
+  dy = np.array(dy, np.float32)
+  dy[:, :128] = 0.0
+  mu, nu = (np.array(v, np.float32) for v in state)
+  mu[:, :64] = 0.0
+  nu[:, :128] = 0.0
+  mu[:, 64:128] = 1e-35
+  args = (x, jnp.asarray(dy, jnp.bfloat16), w,
+          _quantized(rule, (jnp.asarray(mu), jnp.asarray(nu))), hp)
+  got = _run(args, rule, ONE_SUB, True)
+  want = fused_dw_update_reference(*args, rule=rule)
+  _check_int8(got, want, 2e-6)
+  for g in got[1]:
+    np.testing.assert_array_equal(np.asarray(g.scale)[:, :2], 0.0)
+    assert bool(jnp.all(jnp.isfinite(quantization.dequantize(g))))
+    np.testing.assert_array_equal(np.asarray(quantization.dequantize(g))[:, :128], 0.0)
+
+
+@pytest.mark.parametrize("config", [MosaicConfig(), MosaicConfig(
+    block_m=128, block_n=128, compute_wgs=2, num_ctas=2)],
+                         ids=["one-warpgroup", "warp-specialized"])
+def test_int8_kernel_lowers_for_cuda_in_place(rng, config):
+  # Lowered for CUDA on any machine; W, both codes and both scales are
+  # aliased operand -> result (operands: x, dy, scalars, W, mu codes, mu
+  # scales, nu codes, nu scales).
+  args = _inputs(rng, rules.ADAMW, 128, 128, 512, w_dtype=jnp.bfloat16)
+  args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rules.ADAMW, config=config, interpret=False, seed=jnp.uint32(3)),
+               donate_argnums=(2, 3))
+  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  call = text[text.index("custom_call @mosaic_gpu"):]
+  aliases = call[call.index("output_operand_aliases"):].split("result_layouts")[0]
+  for i in range(3, 8):
+    assert f"operand_index = {i}" in aliases, aliases
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled warp-specialized kernel: "
+                    "needs a GPU (its lowering is checked on the CPU above)")
+def test_warp_specialized_int8_states(rng):
+  config = MosaicConfig(block_m=128, block_n=128, compute_wgs=2, num_ctas=3)
+  args = _inputs(rng, rules.ADAMW, 128, 256, 512)
+  args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
+  _check_int8(_run(args, rules.ADAMW, config, False),
+              fused_dw_update_reference(*args, rule=rules.ADAMW), 2e-6)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from experiments import train_lm
+from conftest import ON_GPU
 
 
 @pytest.fixture
@@ -52,7 +53,15 @@ def test_resume_continues_exactly(text_file, tmp_path):
   assert [r["step"] for r in resumed["records"]] == list(range(1, 9))
   for a, b in zip(full["records"], resumed["records"]):
     assert a["loss"] == b["loss"]  # bit-identical, not merely close
-    assert a.get("val_loss") == b.get("val_loss")
+    assert ("val_loss" in a) == ("val_loss" in b)
+    if "val_loss" in a and ON_GPU:
+      # Each run compiles its own eval function and XLA's GPU autotuner may
+      # pick another matmul algorithm for it (seen on the H200: a 5e-8
+      # relative difference at identical params). The training losses
+      # above, which depend on every param, stay bit-identical.
+      assert abs(a["val_loss"] - b["val_loss"]) <= 1e-6 * abs(b["val_loss"])
+    else:
+      assert a.get("val_loss") == b.get("val_loss")
 
 
 def test_optax_baseline_trains_the_same_model(text_file, tmp_path):

@@ -257,10 +257,10 @@ class ForgeDense(nn.Module):
       plain Dense without optimizer state, in a fused step too (its kernel is
       then trained by the step's optax ``tx``).
     implementation: ``'xla'``, ``'triton'``, ``'mosaic'`` (the Mosaic GPU
-      kernel: bf16 activations, no stochastic rounding or int8 state, tile-
-      divisible shapes; see ``pallas_kernels.fused_dw.kernel_mosaic``) or
-      ``None`` (the fused step's choice, else the Triton kernel on a GPU and
-      the reference elsewhere).
+      kernel: bf16 activations, no folded state, tile-divisible shapes; see ``pallas_kernels.fused_dw.kernel_mosaic``), ``'auto'``
+      (on a GPU: Mosaic on Hopper where it covers the op, else Triton:
+      ``pallas_kernels.fused_dw.api.select_kernel``) or ``None`` (the fused
+      step's choice, else ``'auto'`` on a GPU and the reference elsewhere).
     stochastic_rounding: write a bfloat16 kernel back with stochastic
       rounding (unbiased; random bits from the run's seed, this layer's
       ``rounding_seed`` variable, the step count and the element index), else
@@ -512,9 +512,4 @@ def _axis_names():
     return ()
 
 
-def _is_batched(x) -> bool:
-  try:
-    from jax._src.interpreters import batching  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  return isinstance(x, batching.BatchTracer)
+_is_batched = fused_dw.is_batched

@@ -2,7 +2,9 @@
 
 from pallas_kernels.fused_dw.api import IMPLEMENTATIONS
 from pallas_kernels.fused_dw.api import fused_dw_update
+from pallas_kernels.fused_dw.api import is_batched
 from pallas_kernels.fused_dw.api import resolve_implementation
+from pallas_kernels.fused_dw.api import select_kernel
 from pallas_kernels.fused_dw.kernel_mosaic import MosaicConfig
 from pallas_kernels.fused_dw.kernel_triton import FusedDWConfig
 from pallas_kernels.fused_dw.reference import fused_dw_update_reference
@@ -14,6 +16,8 @@ __all__ = [
     "MosaicConfig",
     "fused_dw_update",
     "fused_dw_update_reference",
+    "is_batched",
     "resolve_implementation",
+    "select_kernel",
     "weight_grad_reference",
 ]

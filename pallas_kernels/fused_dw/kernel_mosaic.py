@@ -21,9 +21,25 @@ batch on fresh buffers too.
 Scope (checked by :func:`unsupported_reason`; the Triton kernel covers the
 rest): bf16 x and dY, W fp32, or bf16 rounded to nearest or stochastically
 (``seed``: the bits of :func:`reference.round_weight`, from the global element
-index built from iotas in the kernel), plain fp32/bf16 states of an
-elementwise rule (no int8, no folded moments), and T, in, out divisible by
-block_t, block_m, block_n.
+index built from iotas in the kernel), fp32, bf16 or int8 states of an
+elementwise rule (no folded moments), and T, in, out divisible by block_t,
+block_m, block_n.
+
+int8 states (``quantization.QuantizedArray``: codes plus one fp32 scale per
+64 columns of a row): the epilogue sub-tile is 64 columns wide, one
+quantization block per row. Its codes travel by TMA like W. Its scales, one
+column of the (in, out / 64) scale array per sub-tile, cannot (a (64, 1)
+fp32 box is narrower than TMA's 16-byte minimum, and Mosaic GPU neither
+loads a strided column from HBM nor slices one out of a wider shared-memory
+box on jax 0.11): XLA transposes the scales to (out / 64, in) around the
+kernel (4 bytes per 64 elements, each way), so that a sub-tile's scales are
+one contiguous (1, 64) row, loaded by TMA and stored back by plain stores.
+The transposed scales are updated in place; the transposes are the only
+extra traffic (not yet timed: this path has run in interpret mode and been
+lowered for CUDA, not compiled on a GPU). Decoding and
+encoding are ``quantization.dequantize_blocks`` / ``quantize_blocks`` per
+row, in operations Mosaic GPU lowers (floor(y + 0.5) of y >= 0 as its
+truncation, the same value).
 
 Rule arithmetic: the rule is traced once on tile-shaped avals; every equation
 that depends on the hyperparameters only (bias corrections such as
@@ -168,18 +184,22 @@ SMEM_BYTES = 227 * 1024
 """Shared memory a CTA may use on Hopper (H100/H200)."""
 
 
-def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16) -> int:
+def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
+               num_scale_arrays: int = 0) -> int:
   """Shared memory of one CTA, an upper bound: the token pipeline's stages
   plus the epilogue buffers (one per W/state array and slot, per compute
-  warpgroup); both at once when they coexist (early_epilogue, or
-  compute_wgs=2). Mosaic GPU allocates fewer stages when T has fewer token
-  steps than ``max_concurrent_steps``."""
+  warpgroup; an int8 state's scales take an (epi_m,) fp32 row per slot,
+  counted by ``num_scale_arrays``); both at once when they coexist
+  (early_epilogue, or compute_wgs=2). Mosaic GPU allocates fewer stages when
+  T has fewer token steps than ``max_concurrent_steps``."""
   op = jnp.dtype(operand_dtype).itemsize
   cta_n = config.block_n * config.compute_wgs
   stages = config.max_concurrent_steps * config.block_t * (
       config.block_m + cta_n) * op
-  epilogue = config.compute_wgs * config.epi_slots * config.epi_m * config.epi_n * sum(
-      jnp.dtype(d).itemsize for d in array_dtypes)
+  per_slot = config.epi_m * (
+      config.epi_n * sum(jnp.dtype(d).itemsize for d in array_dtypes)
+      + num_scale_arrays * 4)
+  epilogue = config.compute_wgs * config.epi_slots * per_slot
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue
   return max(stages, epilogue)
@@ -200,8 +220,10 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     return ("compute_wgs=2 is not run in interpret mode (the CPU interpreter "
             "deadlocked intermittently on the warp-specialized layout; it is "
             "tested compiled on the GPU)")
-  if any(isinstance(s, quantization.QuantizedArray) for s in state):
-    return "int8 states are not implemented"
+  quantized = any(isinstance(s, quantization.QuantizedArray) for s in state)
+  if quantized and config.epi_n != quantization.BLOCK_SIZE:
+    return (f"int8 states need epi_n = {quantization.BLOCK_SIZE} (one "
+            f"quantization block per sub-tile row); got epi_n={config.epi_n}")
   if (not callable(getattr(rule, "update", None))
       or rule.state_cols(config.block_n) != config.block_n):
     return f"rule {rule.name!r} is not elementwise (folded state)"
@@ -212,7 +234,10 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
             f"block_m, block_n·compute_wgs = {config.block_t}, "
             f"{config.block_m}, {cta_n}")
-  need = smem_bytes(config, [w.dtype] + [s.dtype for s in state], x.dtype)
+  tiles = [w.dtype] + [s.codes.dtype if isinstance(s, quantization.QuantizedArray)
+                       else s.dtype for s in state]
+  need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=sum(
+      isinstance(s, quantization.QuantizedArray) for s in state))
   if need > SMEM_BYTES:
     return (f"the tile needs about {need} bytes of shared memory, more than "
             f"the {SMEM_BYTES} of a Hopper CTA (fewer max_concurrent_steps, "
@@ -458,39 +483,141 @@ def _index_tiles(split: _SplitRule, shape, origin):
   return rows.astype(jnp.uint32), cols.astype(jnp.uint32)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Where W and each state sit among the kernel's flat arrays: W is array
+  0; a plain state is ``(index,)``, an int8 state ``(codes_index,
+  scale_index, nonnegative)``; ``is_scale[a]`` marks scale arrays."""
+  states: tuple
+  is_scale: tuple
+
+  @property
+  def tile_arrays(self) -> list:
+    return [a for a, sc in enumerate(self.is_scale) if not sc]
+
+
+def _layout(state) -> _Layout:
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  states, is_scale = [], [False]
+  for st in state:
+    if isinstance(st, quantization.QuantizedArray):
+      states.append((len(is_scale), len(is_scale) + 1, st.nonnegative))
+      is_scale += [False, True]
+    else:
+      states.append((len(is_scale),))
+      is_scale.append(False)
+  return _Layout(tuple(states), tuple(is_scale))
+
+
+def _row_bcast(vec, shape):
+  return lax.broadcast_in_dim(vec, shape, (0,))
+
+
+def _decode_rows(codes, scale, nonnegative: bool):
+  """``quantization.dequantize_blocks`` of (rows, 64) codes (fp32-valued)
+  with one scale per row."""
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  scale = _row_bcast(scale, codes.shape)
+  if nonnegative:
+    r = (codes + quantization._NONNEG_OFFSET) * scale  # pylint: disable=protected-access
+    return r * r
+  return codes * scale
+
+
+def _encode_rows(v, nonnegative: bool, sqrt=None):
+  """``quantization.quantize_blocks`` of (rows, 64) fp32 blocks, one block
+  per row, in operations Mosaic GPU lowers: floor(y + 0.5) of a y >= 0 is
+  its truncation to int32 (the same value: y <= 255.5 here), and ``sqrt``
+  may be the kernel's replacement. Returns (codes as fp32, scales (rows,))."""
+  from pallas_kernels import quantization as q  # pylint: disable=g-import-not-at-top
+  sqrt = sqrt or jnp.sqrt
+  round_half_up = lambda y: (y + 0.5).astype(jnp.int32).astype(jnp.float32)  # noqa: E731
+  if nonnegative:
+    r = sqrt(jnp.maximum(v, 0.0))
+    top = jnp.max(r, axis=1)
+    inv = jnp.where(top > 0, q._NONNEG_LEVELS / jnp.where(top > 0, top, 1.0), 0.0)  # pylint: disable=protected-access
+    c = jnp.minimum(round_half_up(r * _row_bcast(inv, v.shape)), q._NONNEG_LEVELS)  # pylint: disable=protected-access
+    c = jnp.where(r > 0, jnp.maximum(c, 1.0), c)
+    return c - q._NONNEG_OFFSET, top / q._NONNEG_LEVELS  # pylint: disable=protected-access
+  top = jnp.max(jnp.abs(v), axis=1)
+  top = jnp.where(top >= q._TINY, top, 0.0)  # pylint: disable=protected-access
+  inv = jnp.where(top > 0, q._SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)  # pylint: disable=protected-access
+  c = jnp.minimum(round_half_up(jnp.abs(v) * _row_bcast(inv, v.shape)),
+                  q._SIGNED_MAX)  # pylint: disable=protected-access
+  return jnp.where(v < 0, -c, c), top / q._SIGNED_MAX  # pylint: disable=protected-access
+
+
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
-              out_refs, slot_ref, barrier, sub_gmem, load_sub, origin):
+              out_refs, slot_ref, barrier, sub_gmem, load_sub, origin,
+              layout: _Layout):
   """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
 
   The first ``_AHEAD`` sub-tiles must already be loading; ``slot_ref(buf,
   slot)`` is this warpgroup's buffer of a slot, ``barrier(a, s)`` the
   barrier of array ``a`` for sub-tile ``s``, ``sub_gmem(ref, s)`` the
   sub-tile's window of an HBM array, ``load_sub(s)`` starts its loads and
-  ``origin(s)`` is the (row, col) in W of its first element.
+  ``origin(s)`` is the (row, col) in W of its first element. An int8
+  state's codes travel like W; its scales arrive as a (epi_m, 4) box and
+  leave by plain stores of the sub-tile's one column.
   Returns with the stores issued; the caller waits for them.
   """
   em, en = config.epi_m, config.epi_n
   n_arr = len(bufs)
+  tiles = layout.tile_arrays
+  sqrt = _missing_lowerings().get(lax.sqrt_p)
   pending_ok = config.epi_slots - _AHEAD  # store groups that may stay in flight
   for s, (i, j) in enumerate(subs):
     slot = s % config.epi_slots
     for a in range(n_arr):
       plgpu.barrier_wait(barrier(a, s))
-    vals = [slot_ref(buf, slot)[...].astype(jnp.float32) for buf in bufs]
+    row0, col0 = origin(s)
+    here = lambda a: slot_ref(bufs[a], slot)  # noqa: E731
+    w = here(0)[...].astype(jnp.float32)
+    state = []
+    for entry in layout.states:
+      values = here(entry[0])[...].astype(jnp.float32)
+      if len(entry) == 3:
+        values = _decode_rows(values, here(entry[1])[0, :], entry[2])
+      state.append(values)
     grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
     new_w, new_state = _rule_in_kernel(
-        split, scalar_ref, grad, vals[0], tuple(vals[1:]),
-        index_tiles=_index_tiles(split, (em, en), origin(s)))
-    for buf, v in zip(bufs, (new_w, *new_state)):
-      slot_ref(buf, slot)[...] = v.astype(buf.dtype)
+        split, scalar_ref, grad, w, tuple(state),
+        index_tiles=_index_tiles(split, (em, en), (row0, col0)))
+    here(0)[...] = new_w.astype(bufs[0].dtype)
+    for entry, v in zip(layout.states, new_state):
+      if len(entry) == 3:
+        v, scale = _encode_rows(v, entry[2], sqrt)
+        # The sub-tile's scales, straight to HBM (one contiguous row of
+        # the transposed scales).
+        out_refs[entry[1]][col0 // en, pl.ds(row0, em)] = scale  # en = 64
+      here(entry[0])[...] = v.astype(bufs[entry[0]].dtype)
     plgpu.commit_smem()
-    for a, (buf, ref) in enumerate(zip(bufs, out_refs)):
+    for a in tiles:
       # One bulk group per sub-tile (committed with its last array).
-      plgpu.copy_smem_to_gmem(slot_ref(buf, slot), sub_gmem(ref, s),
-                              commit_group=a == n_arr - 1)
+      plgpu.copy_smem_to_gmem(here(a), sub_gmem(out_refs[a], s),
+                              commit_group=a == tiles[-1])
     if s + _AHEAD < len(subs):
       plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
       load_sub(s + _AHEAD)
+
+
+def _scale_box(ref, origin, em):
+  """The (1, em) window of transposed scales (blocks, in) holding the
+  scales of the sub-tile at ``origin`` (its 64 columns are one block)."""
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  row0, col0 = origin
+  return ref.at[pl.ds(col0 // quantization.BLOCK_SIZE, 1), pl.ds(row0, em)]
+
+
+def _epilogue_buffers(in_refs, layout: _Layout, config: MosaicConfig, lead=()):
+  """Shared-memory slots of the epilogue: a (em, en) tile per array, a
+  (1, em) fp32 row per scale array."""
+  em, en = config.epi_m, config.epi_n
+  return [plgpu.SMEM((*lead, config.epi_slots, 1, em), jnp.float32)
+          if sc else
+          plgpu.SMEM((*lead, config.epi_slots, em, en), r.dtype,
+                     transforms=_smem_transforms(en, r.dtype))
+          for r, sc in zip(in_refs, layout.is_scale)]
 
 
 def _io_refs(refs, n_arr: int, in_place: bool):
@@ -501,7 +628,8 @@ def _io_refs(refs, n_arr: int, in_place: bool):
 
 
 def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
-            n_arr: int, grid_axis: str, in_place: bool):
+            layout: _Layout, grid_axis: str, in_place: bool):
+  n_arr = len(layout.is_scale)
   in_refs, out_refs = _io_refs(refs, n_arr, in_place)
   t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
   d_out = dy_ref.shape[1]
@@ -517,9 +645,14 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
     i, j = subs[s]
     return ref.at[pl.ds(m_i * bm + i * em, em), pl.ds(n_i * bn + j * en, en)]
 
+  def origin(s):
+    return m_i * bm + subs[s][0] * em, n_i * bn + subs[s][1] * en
+
   def load_sub(bufs, barriers, s):
     for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-      plgpu.copy_gmem_to_smem(sub_gmem(ref, s), buf.at[s % slots],
+      src = (_scale_box(ref, origin(s), em) if layout.is_scale[a]
+             else sub_gmem(ref, s))
+      plgpu.copy_gmem_to_smem(src, buf.at[s % slots],
                               barriers.at[slots * a + s % slots])
 
   def matmul():
@@ -559,14 +692,11 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
               barrier=lambda a, s: barriers.at[slots * a + s % slots],
               sub_gmem=sub_gmem,
               load_sub=functools.partial(load_sub, bufs, barriers),
-              origin=lambda s: (m_i * bm + subs[s][0] * em,
-                                n_i * bn + subs[s][1] * en))
+              origin=origin, layout=layout)
     plgpu.wait_smem_to_gmem(0)
 
   scratch = dict(
-      bufs=[plgpu.SMEM((slots, em, en), r.dtype,
-                       transforms=_smem_transforms(en, r.dtype))
-            for r in in_refs],
+      bufs=_epilogue_buffers(in_refs, layout, config),
       barriers=plgpu.Barrier(num_barriers=slots * n_arr))
 
   if config.early_epilogue:
@@ -582,8 +712,9 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
 
 def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
-               n_arr: int, in_place: bool):
+               layout: _Layout, in_place: bool):
   """compute_wgs=2: persistent, warp-specialized (see MosaicConfig)."""
+  n_arr = len(layout.is_scale)
   in_refs, out_refs = _io_refs(refs, n_arr, in_place)
   t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
   d_out = dy_ref.shape[1]
@@ -633,10 +764,15 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       def barrier(a, s):
         return barriers.at[(wg * n_arr + a) * slots + s % slots]
 
+      def origin(s):
+        return (m_i * bm + subs[s][0] * em,
+                n_i * cta_n + wg * bn + subs[s][1] * en)
+
       def load_sub(s):
         for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-          plgpu.copy_gmem_to_smem(sub_gmem(ref, s), buf.at[wg, s % slots],
-                                  barrier(a, s))
+          src = (_scale_box(ref, origin(s), em) if layout.is_scale[a]
+                 else sub_gmem(ref, s))
+          plgpu.copy_gmem_to_smem(src, buf.at[wg, s % slots], barrier(a, s))
 
       def context(eval_pipeline):
         for s in range(min(_AHEAD, len(subs))):
@@ -649,9 +785,8 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
         _epilogue(acc, subs=subs, config=config, split=split,
                   scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
                   slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
-                  sub_gmem=sub_gmem, load_sub=load_sub,
-                  origin=lambda s: (m_i * bm + subs[s][0] * em,
-                                    n_i * cta_n + wg * bn + subs[s][1] * en))
+                  sub_gmem=sub_gmem, load_sub=load_sub, origin=origin,
+                  layout=layout)
         # The next tile's first loads reuse these buffers.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -667,9 +802,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   pl.run_scoped(
       scope,
       pipeline_allocs=allocs,
-      bufs=[plgpu.SMEM((2, slots, em, en), r.dtype,
-                       transforms=_smem_transforms(en, r.dtype))
-            for r in in_refs],
+      bufs=_epilogue_buffers(in_refs, layout, config, lead=(2,)),
       barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
       collective_axes="wg")
   plgpu.wait_smem_to_gmem(0)
@@ -710,24 +843,29 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   if sr:  # as the Triton kernel: [seed, row0, col0] of this (shard of) W
     seeds = jnp.stack([reference.as_uint32(v) for v in (seed, *index_offset)])
   scalars = _hoisted_scalars(split, hparams, seeds)
-  n_arr = 1 + len(state)
+  layout = _layout(state)
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  arrays = [w]
+  for st in state:  # an int8 state's scales go in transposed: (blocks, in)
+    arrays += ([st.codes, st.scale.T] if isinstance(st, quantization.QuantizedArray)
+               else [st])
   num_tiles = (w.shape[0] // config.block_m) * (w.shape[1] // config.block_n)
   params = plgpu.CompilerParams(
       lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
   operands = (x.T if config.transpose_x else x, dy, scalars)
   if config.compute_wgs == 1:
-    body = functools.partial(_kernel, config=config, split=split, n_arr=n_arr,
-                             grid_axis="tile")
+    body = functools.partial(_kernel, config=config, split=split,
+                             layout=layout, grid_axis="tile")
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
   else:
     # num_tiles // 2 CTA tiles of (block_m, 2·block_n), shared out by nd_loop.
     ctas = config.num_ctas or (2 if interpret else _num_sms())
     body = functools.partial(_kernel_ws, config=config, split=split,
-                             n_arr=n_arr)
+                             layout=layout)
     mesh = dict(grid=(min(ctas, num_tiles // 2),), grid_names=("cta",),
                 num_threads=3, thread_name="wg")
   name = f"forge_fused_dw_{rule.name}_mosaic"
-  out_type = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, *state)]
+  out_type = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
 
   def fresh(*args):
     """Fresh output buffers (plgpu.kernel, which also batches under vmap):
@@ -759,5 +897,12 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
             for a, b in zip(args, in_batched)]
     return jax.vmap(fresh)(*args), [True] * len(out_type)
 
-  outs = in_place(*operands, w, *state)
-  return outs[0], tuple(outs[1:])
+  outs = in_place(*operands, *arrays)
+  new_state = []
+  for st, entry in zip(state, layout.states):
+    if len(entry) == 3:
+      new_state.append(quantization.QuantizedArray(
+          outs[entry[0]], outs[entry[1]].T, st.nonnegative))
+    else:
+      new_state.append(outs[entry[0]])
+  return outs[0], tuple(new_state)
