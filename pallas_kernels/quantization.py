@@ -28,8 +28,11 @@ below 1e-30 (where 127 / absmax would overflow). Subnormal values (below
 1.2e-38) may decode to 0 in either code. One inf or NaN makes its whole block
 of 64 inf or NaN. Rounding is to nearest (ties away from
 zero in the magnitude), the same arithmetic in the XLA reference and in the
-Pallas kernel epilogue, which calls :func:`quantize_blocks` and
-:func:`dequantize_blocks` on (rows, blocks, 64) views of its tile.
+Triton kernel epilogue, which calls :func:`quantize_blocks` and
+:func:`dequantize_blocks` on (rows, blocks, 64) views of its tile. The Mosaic
+kernel restates them per row in operations Mosaic GPU lowers
+(``kernel_mosaic._encode_rows``): bitwise equal on finite values, but where
+that jax has no Mosaic sqrt (0.10: x·rsqrt(x), an ulp away).
 
 The quantized tree also appears with its codes viewed as ``float8_e4m3fn``
 (:func:`as_float_view`): the fused step returns new states as cotangents,
@@ -115,7 +118,7 @@ def quantize_blocks(xb: jax.Array, nonnegative: bool):
   top = jnp.max(jnp.abs(xb), axis=-1)
   # 127 / top overflows below ~4e-37: such blocks (and subnormal ones) are
   # stored as zeros.
-  top = jnp.where(top >= _TINY, top, 0.0)
+  top = jnp.where(top < _TINY, 0.0, top)  # NaN stays NaN: the block decodes to NaN
   inv = jnp.where(top > 0, _SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)
   c = jnp.floor(jnp.abs(xb) * inv[..., None] + 0.5)
   c = jnp.minimum(c, _SIGNED_MAX)

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import rel_err
+from conftest import ON_GPU, rel_err
 import forge_jax as fj
 
 SCHEDULE = optax.linear_schedule(2e-2, 2e-3, 5)
@@ -116,7 +116,8 @@ def test_fused_training_matches_flax_dense_with_optax_adamw(rng, implementation,
   # again. (On the H200 the second call retraced once, in interpret mode:
   # jax's tracing context had grown by one value during the first call,
   # "now 51 and before 50" in jax_explain_cache_misses; not the schedule.)
-  assert sizes[-1] == sizes[1] and sizes[0] == 1 and sizes[1] <= 2
+  assert sizes == [1] * 5 if not ON_GPU else (
+      sizes[-1] == sizes[1] and sizes[0] == 1 and sizes[1] <= 2)
 
 
 def test_bf16_compute_with_fp32_kernels(rng):

@@ -129,9 +129,12 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng):
   assert select_kernel(x, dy, w, st, ADAMW, None, config=SMALL, **hopper) == "triton"
   xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
   assert select_kernel(xf, dyf, w, st, ADAMW, None, **hopper) == "triton"
-  # int8 states stay on Triton until the Mosaic int8 path has run compiled.
+  # int8 states stay on Triton until the Mosaic int8 path has run compiled;
+  # a MosaicConfig asks for Mosaic (which then covers or refuses the op).
   q = (quantization.quantize(st[0], False), quantization.quantize(st[1], True))
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), **hopper) == "triton"
+  assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), config=MosaicConfig(),
+                       compute_capability="8.0") == "mosaic"
   fold = FoldAdamRule(2)
   fst = tuple(jnp.zeros(fold.state_shape(w.shape)) for _ in fold.state_names)
   assert select_kernel(x, dy, w, fst, fold, None, **hopper) == "triton"
@@ -144,7 +147,11 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng):
     picked.append(select_kernel(x, dy, w_, st, ADAMW, None, **hopper))
     return w_
   jax.vmap(pick)(jnp.stack([w, w]))
-  assert picked == ["triton"]
+  def pick_state(mu):  # only the states batched
+    picked.append(select_kernel(x, dy, w, (mu, st[1]), ADAMW, None, **hopper))
+    return mu
+  jax.vmap(pick_state)(jnp.stack([st[0], st[0]]))
+  assert picked == ["triton", "triton"]
 
 
 def test_auto_runs_everywhere(rng):

@@ -100,6 +100,19 @@ def test_signed_block_below_1e30_is_stored_as_zeros_without_nan():
   assert np.all(np.asarray(qa.codes) == 0)
 
 
+@pytest.mark.parametrize("nonnegative", [False, True])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nan_or_inf_poisons_its_block_only(nonnegative, bad):
+  # Not silently zeros (a signed NaN block used to fail the 1e-30 test and
+  # be stored as 0): the block decodes to inf or NaN, the others are kept.
+  x = np.ones((2, 128), np.float32)
+  x[1, 70] = bad
+  back = np.asarray(q.dequantize(q.quantize(x, nonnegative)))
+  assert not np.any(np.isfinite(back[1, 64:]))
+  np.testing.assert_allclose(back[0], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(back[1, :64], 1.0, rtol=1e-6)
+
+
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0), (0, 5), (0, 0), (2, 0, 64)])
 def test_degenerate_shapes(shape):
   x = np.full(shape, -2.5, np.float32)

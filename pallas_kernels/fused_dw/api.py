@@ -68,21 +68,28 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   """The kernel ``implementation='auto'`` runs for this op: ``'mosaic'`` or
   ``'triton'``.
 
-  Mosaic (TMA + wgmma) where all of these hold: not ``interpret``; a Hopper
+  A ``MosaicConfig`` selects Mosaic (its refusals then say why), a
+  ``FusedDWConfig`` Triton. Without a config, Mosaic (TMA + wgmma) where
+  all of these hold: not ``interpret``; a Hopper
   GPU (compute capability 9.x; ``compute_capability`` overrides the
-  device's, for tests); ``config`` is None or a ``MosaicConfig``; and the
+  device's, for tests); and the
   kernel covers the op with that config (bf16 x/dY, no folded state, T/in/out
   divisible by its tile: ``kernel_mosaic.unsupported_reason``); no int8
   state (the Mosaic int8 path has not yet run compiled on a GPU).
-  ``w`` not batched by ``jax.vmap`` (the vmapped Mosaic op works on copies
-  of W and its states; the Triton kernel stays in place). Otherwise Triton.
+  ``w`` and the states not batched by ``jax.vmap`` (the vmapped Mosaic op
+  works on copies of W and its states; the Triton kernel stays in place;
+  a ``jax.jit`` inside the vmap hides the batching from this check, and the
+  op is then correct but not in place). Otherwise Triton.
   On the H200 the Mosaic kernel measured faster than the
   Triton kernel on every Llama-3.1-8B and Qwen3-14B linear shape at T=512,
   2048 and 8192 when several ops run in one jitted step (AdamW fp32 states,
   bf16 W with stochastic rounding and fp32 or bf16 states;
   ``experiments/results/h200_2026-12-01d``).
   """
-  if interpret or isinstance(config, FusedDWConfig) or is_batched(w):
+  if isinstance(config, MosaicConfig):  # the caller chose the kernel
+    return "mosaic"
+  if (interpret or isinstance(config, FusedDWConfig)
+      or any(is_batched(a) for a in jax.tree.leaves((w, state)))):
     # Under vmap the Mosaic kernel runs on fresh buffers (a copy of W and
     # its states); the Triton kernel stays in place.
     return "triton"

@@ -39,7 +39,11 @@ extra traffic (not yet timed: this path has run in interpret mode and been
 lowered for CUDA, not compiled on a GPU). Decoding and
 encoding are ``quantization.dequantize_blocks`` / ``quantize_blocks`` per
 row, in operations Mosaic GPU lowers (floor(y + 0.5) of y >= 0 as its
-truncation, the same value).
+truncation, the same value): bitwise equal on finite values, except where
+this jax's Mosaic GPU has no sqrt (0.10) and the non-negative code's square
+root is x·rsqrt(x), up to an ulp away (a scale a few ulps off, rarely a code
+one step off). A block holding inf or NaN decodes to NaN as the reference's
+does, with other codes.
 
 Rule arithmetic: the rule is traced once on tile-shaped avals; every equation
 that depends on the hyperparameters only (bias corrections such as
@@ -540,7 +544,7 @@ def _encode_rows(v, nonnegative: bool, sqrt=None):
     c = jnp.where(r > 0, jnp.maximum(c, 1.0), c)
     return c - q._NONNEG_OFFSET, top / q._NONNEG_LEVELS  # pylint: disable=protected-access
   top = jnp.max(jnp.abs(v), axis=1)
-  top = jnp.where(top >= q._TINY, top, 0.0)  # pylint: disable=protected-access
+  top = jnp.where(top < q._TINY, 0.0, top)  # pylint: disable=protected-access
   inv = jnp.where(top > 0, q._SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)  # pylint: disable=protected-access
   c = jnp.minimum(round_half_up(jnp.abs(v) * _row_bcast(inv, v.shape)),
                   q._SIGNED_MAX)  # pylint: disable=protected-access
@@ -557,8 +561,8 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   barrier of array ``a`` for sub-tile ``s``, ``sub_gmem(ref, s)`` the
   sub-tile's window of an HBM array, ``load_sub(s)`` starts its loads and
   ``origin(s)`` is the (row, col) in W of its first element. An int8
-  state's codes travel like W; its scales arrive as a (epi_m, 4) box and
-  leave by plain stores of the sub-tile's one column.
+  state's codes travel like W; its scales (transposed, (blocks, in)) arrive
+  as one (1, epi_m) row by TMA and leave by plain stores of that row.
   Returns with the stores issued; the caller waits for them.
   """
   em, en = config.epi_m, config.epi_n
