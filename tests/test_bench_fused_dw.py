@@ -60,3 +60,18 @@ def test_bench_times_the_mosaic_kernel_where_in_scope(tmp_path, capsys):
       "--out", str(tmp_path)])
   assert "not elementwise" in rows[0]["mosaic_error"] and "mosaic_s" not in rows[0]
   assert "(rule 'fold_adam_l3' is not elementwise" in capsys.readouterr().out
+
+
+def test_dispatch_probe_checks_chained_ops_and_times_both_ways(capsys):
+  from experiments import probe_dispatch  # pylint: disable=g-import-not-at-top
+  rows = probe_dispatch.main(["--shapes", "64:64x128", "--chain", "2",
+                              "--reps", "1", "--interpret"])
+  by = {r["implementation"]: r for r in rows}
+  for impl in ("triton", "mosaic"):  # checked against 2 reference updates
+    assert "error" not in by[impl], by[impl]
+    assert by[impl]["rel_err"] < 1e-5
+    assert by[impl]["single_ms"] > 0 and by[impl]["chained_ms"] > 0
+  assert "chained_ms" not in by["xla"]  # XLA merges chained updates
+  assert "(not comparable)" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="--shapes"):
+    probe_dispatch.main(["--shapes", "64x128"])
