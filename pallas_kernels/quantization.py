@@ -102,23 +102,31 @@ def scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
   return shape[:-1] + (num_blocks(shape[-1]),)
 
 
+def has_nan(xb: jax.Array) -> jax.Array:
+  """Per block of ``xb`` (..., 64): does it hold a NaN? A max reduction of
+  0/1 flags, because a max of the values themselves may skip NaN (XLA's CPU
+  reduction of many blocks, Triton's maxnum)."""
+  return jnp.max(jnp.where(xb != xb, 1.0, 0.0), axis=-1) > 0
+
+
 def quantize_blocks(xb: jax.Array, nonnegative: bool):
   """Codes (fp32-valued integers) and scales of fp32 blocks ``xb`` (..., 64).
 
   Elements that do not belong to the array (padding, masked kernel lanes)
-  must be 0. Returns ``(codes, scale)`` with shapes (..., 64) and (...).
+  must be 0. Returns ``(codes, scale)`` with shapes (..., 64) and (...). A
+  block holding a NaN gets a NaN scale (it decodes to NaN).
   """
   if nonnegative:
     r = jnp.sqrt(jnp.maximum(xb, 0.0))
-    top = jnp.max(r, axis=-1)
+    top = jnp.where(has_nan(xb), jnp.nan, jnp.max(r, axis=-1))
     inv = jnp.where(top > 0, _NONNEG_LEVELS / jnp.where(top > 0, top, 1.0), 0.0)
     c = jnp.clip(jnp.floor(r * inv[..., None] + 0.5), 0.0, _NONNEG_LEVELS)
     c = jnp.where(r > 0, jnp.maximum(c, 1.0), c)  # positive stays positive
     return c - _NONNEG_OFFSET, top / _NONNEG_LEVELS
   top = jnp.max(jnp.abs(xb), axis=-1)
   # 127 / top overflows below ~4e-37: such blocks (and subnormal ones) are
-  # stored as zeros.
-  top = jnp.where(top < _TINY, 0.0, top)  # NaN stays NaN: the block decodes to NaN
+  # stored as zeros; a block with a NaN keeps a NaN scale.
+  top = jnp.where(has_nan(xb), jnp.nan, jnp.where(top < _TINY, 0.0, top))
   inv = jnp.where(top > 0, _SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)
   c = jnp.floor(jnp.abs(xb) * inv[..., None] + 0.5)
   c = jnp.minimum(c, _SIGNED_MAX)

@@ -68,8 +68,8 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   """The kernel ``implementation='auto'`` runs for this op: ``'mosaic'`` or
   ``'triton'``.
 
-  A ``MosaicConfig`` selects Mosaic (its refusals then say why), a
-  ``FusedDWConfig`` Triton. Without a config, Mosaic (TMA + wgmma) where
+  A ``MosaicConfig`` selects Mosaic (Hopper only; its scope refusals say
+  why), a ``FusedDWConfig`` Triton. Without a config, Mosaic (TMA + wgmma) where
   all of these hold: not ``interpret``; a Hopper
   GPU (compute capability 9.x; ``compute_capability`` overrides the
   device's, for tests); and the

@@ -42,8 +42,8 @@ row, in operations Mosaic GPU lowers (floor(y + 0.5) of y >= 0 as its
 truncation, the same value): bitwise equal on finite values, except where
 this jax's Mosaic GPU has no sqrt (0.10) and the non-negative code's square
 root is x·rsqrt(x), up to an ulp away (a scale a few ulps off, rarely a code
-one step off). A block holding inf or NaN decodes to NaN as the reference's
-does, with other codes.
+one step off). A block holding inf or NaN decodes to inf or NaN as the
+reference's does, possibly with other codes.
 
 Rule arithmetic: the rule is traced once on tile-shaped avals; every equation
 that depends on the hyperparameters only (bias corrections such as
@@ -538,13 +538,14 @@ def _encode_rows(v, nonnegative: bool, sqrt=None):
   round_half_up = lambda y: (y + 0.5).astype(jnp.int32).astype(jnp.float32)  # noqa: E731
   if nonnegative:
     r = sqrt(jnp.maximum(v, 0.0))
-    top = jnp.max(r, axis=1)
+    top = jnp.where(q.has_nan(v), jnp.nan, jnp.max(r, axis=1))
     inv = jnp.where(top > 0, q._NONNEG_LEVELS / jnp.where(top > 0, top, 1.0), 0.0)  # pylint: disable=protected-access
     c = jnp.minimum(round_half_up(r * _row_bcast(inv, v.shape)), q._NONNEG_LEVELS)  # pylint: disable=protected-access
     c = jnp.where(r > 0, jnp.maximum(c, 1.0), c)
     return c - q._NONNEG_OFFSET, top / q._NONNEG_LEVELS  # pylint: disable=protected-access
   top = jnp.max(jnp.abs(v), axis=1)
-  top = jnp.where(top < q._TINY, 0.0, top)  # pylint: disable=protected-access
+  top = jnp.where(q.has_nan(v), jnp.nan,
+                  jnp.where(top < q._TINY, 0.0, top))  # pylint: disable=protected-access
   inv = jnp.where(top > 0, q._SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)  # pylint: disable=protected-access
   c = jnp.minimum(round_half_up(jnp.abs(v) * _row_bcast(inv, v.shape)),
                   q._SIGNED_MAX)  # pylint: disable=protected-access
