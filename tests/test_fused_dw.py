@@ -109,11 +109,13 @@ def _op(rng, t, d_in, d_out, dtype=jnp.bfloat16, state_dtype=jnp.float32):
   return x, dy, w, (mu.astype(state_dtype), nu.astype(state_dtype))
 
 
-def test_auto_picks_mosaic_only_where_it_covers_the_op(rng):
+def test_auto_picks_mosaic_only_where_it_covers_the_op(rng, monkeypatch):
   from forge_jax._src.fold import FoldAdamRule
   from pallas_kernels import quantization
   from pallas_kernels.fused_dw import MosaicConfig
   from pallas_kernels.fused_dw import select_kernel
+  from pallas_kernels.fused_dw import api  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(api, "_jax_version", lambda: (0, 11))  # as on the H200
   hopper = dict(compute_capability="9.0")
   x, dy, w, st = _op(rng, 128, 128, 256)
   assert select_kernel(x, dy, w, st, ADAMW, None, **hopper) == "mosaic"
@@ -141,6 +143,10 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng):
   for t, d_in, d_out in [(100, 128, 256), (128, 96, 256), (128, 128, 200)]:
     xo, dyo, wo, so = _op(rng, t, d_in, d_out)
     assert select_kernel(xo, dyo, wo, so, ADAMW, None, **hopper) == "triton"
+  # Only on jax versions where the Mosaic kernel has run compiled.
+  monkeypatch.setattr(api, "_jax_version", lambda: (0, 10))
+  assert select_kernel(x, dy, w, st, ADAMW, None, **hopper) == "triton"
+  monkeypatch.setattr(api, "_jax_version", lambda: (0, 11))
   # Under vmap (a batch of weights) the Mosaic op would copy W: Triton.
   picked = []
   def pick(w_):

@@ -258,7 +258,7 @@ class ForgeDense(nn.Module):
       then trained by the step's optax ``tx``).
     implementation: ``'xla'``, ``'triton'``, ``'mosaic'`` (the Mosaic GPU
       kernel: bf16 activations, no folded state, tile-divisible shapes; see ``pallas_kernels.fused_dw.kernel_mosaic``), ``'auto'``
-      (on a GPU: Mosaic on Hopper where it covers the op, else Triton:
+      (on a GPU: Mosaic on Hopper with jax >= 0.11 where it covers the op, else Triton:
       ``pallas_kernels.fused_dw.api.select_kernel``) or ``None`` (the fused
       step's choice, else ``'auto'`` on a GPU and the reference elsewhere).
     stochastic_rounding: write a bfloat16 kernel back with stochastic

@@ -53,6 +53,19 @@ def _compute_capability() -> str | None:
     return None
 
 
+_MOSAIC_AUTO_MIN_JAX = (0, 11)
+"""'auto' picks the Mosaic kernel only on jax versions where it has run
+compiled on a GPU (the H200 runs jax 0.11.2; on 0.10 it is only lowered)."""
+
+
+def _jax_version() -> tuple[int, ...]:
+  parts = []
+  for p in jax.__version__.split(".")[:2]:
+    digits = "".join(ch for ch in p if ch.isdigit())
+    parts.append(int(digits or 0))
+  return tuple(parts)
+
+
 def is_batched(x) -> bool:
   """Whether ``x`` is being traced with a ``jax.vmap`` batch axis."""
   try:
@@ -72,7 +85,8 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   why), a ``FusedDWConfig`` Triton. Without a config, Mosaic (TMA + wgmma) where
   all of these hold: not ``interpret``; a Hopper
   GPU (compute capability 9.x; ``compute_capability`` overrides the
-  device's, for tests); and the
+  device's, for tests); jax >= 0.11 (where the kernel has run compiled;
+  on 0.10 it is only lowered for CUDA in the tests); and the
   kernel covers the op with that config (bf16 x/dY, no folded state, T/in/out
   divisible by its tile: ``kernel_mosaic.unsupported_reason``); no int8
   state (the Mosaic int8 path has not yet run compiled on a GPU).
@@ -94,7 +108,7 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
     # its states); the Triton kernel stays in place.
     return "triton"
   cc = compute_capability or _compute_capability()
-  if not cc or not cc.startswith("9"):
+  if not cc or not cc.startswith("9") or _jax_version() < _MOSAIC_AUTO_MIN_JAX:
     return "triton"
   if any(isinstance(s, quantization.QuantizedArray) for s in state):
     # The Mosaic kernel's int8 path is checked in interpret mode and lowered
