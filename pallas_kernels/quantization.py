@@ -28,11 +28,11 @@ below 1e-30 (where 127 / absmax would overflow). Subnormal values (below
 1.2e-38) may decode to 0 in either code. One inf or NaN makes its whole block
 of 64 inf or NaN. Rounding is to nearest (ties away from
 zero in the magnitude), the same arithmetic in the XLA reference and in the
-Triton kernel epilogue, which calls :func:`quantize_blocks` and
-:func:`dequantize_blocks` on (rows, blocks, 64) views of its tile. The Mosaic
-kernel restates them per row in operations Mosaic GPU lowers
-(``kernel_mosaic._encode_rows``): bitwise equal on finite values, but where
-that jax has no Mosaic sqrt (0.10: x·rsqrt(x), an ulp away).
+kernel epilogues: the Triton kernel calls :func:`quantize_blocks` and
+:func:`dequantize_blocks` on (rows, blocks, 64) views of its tile, the Mosaic
+kernel on (rows, 64) sub-tiles (bitwise equal on finite values, but where
+that jax's Mosaic GPU has no sqrt (0.10), whose replacement x·rsqrt(x) may
+be an ulp away).
 
 The quantized tree also appears with its codes viewed as ``float8_e4m3fn``
 (:func:`as_float_view`): the fused step returns new states as cotangents,
@@ -109,18 +109,32 @@ def has_nan(xb: jax.Array) -> jax.Array:
   return jnp.max(jnp.where(xb != xb, 1.0, 0.0), axis=-1) > 0
 
 
-def quantize_blocks(xb: jax.Array, nonnegative: bool):
+def _per_block(v, like):
+  """Per-block values ``v`` (...) broadcast over the blocks ``like`` (..., 64)."""
+  return lax.broadcast_in_dim(v, like.shape, tuple(range(v.ndim)))
+
+
+def _round_half_up(y):
+  """floor(y + 0.5) for y >= 0 (its truncation to int32, the same value for
+  the y <= 255.5 met here; Mosaic GPU lowers this but not floor)."""
+  return (y + 0.5).astype(jnp.int32).astype(jnp.float32)
+
+
+def quantize_blocks(xb: jax.Array, nonnegative: bool, sqrt=jnp.sqrt):
   """Codes (fp32-valued integers) and scales of fp32 blocks ``xb`` (..., 64).
 
   Elements that do not belong to the array (padding, masked kernel lanes)
   must be 0. Returns ``(codes, scale)`` with shapes (..., 64) and (...). A
-  block holding a NaN gets a NaN scale (it decodes to NaN).
+  block holding a NaN gets a NaN scale (it decodes to NaN). Written in
+  operations that XLA, the Triton and the Mosaic GPU kernels all lower (the
+  Mosaic kernel calls it on (rows, 64) sub-tiles, one block per row, and may
+  pass its own ``sqrt`` where Mosaic GPU has none).
   """
   if nonnegative:
-    r = jnp.sqrt(jnp.maximum(xb, 0.0))
+    r = sqrt(jnp.maximum(xb, 0.0))
     top = jnp.where(has_nan(xb), jnp.nan, jnp.max(r, axis=-1))
     inv = jnp.where(top > 0, _NONNEG_LEVELS / jnp.where(top > 0, top, 1.0), 0.0)
-    c = jnp.clip(jnp.floor(r * inv[..., None] + 0.5), 0.0, _NONNEG_LEVELS)
+    c = jnp.minimum(_round_half_up(r * _per_block(inv, xb)), _NONNEG_LEVELS)
     c = jnp.where(r > 0, jnp.maximum(c, 1.0), c)  # positive stays positive
     return c - _NONNEG_OFFSET, top / _NONNEG_LEVELS
   top = jnp.max(jnp.abs(xb), axis=-1)
@@ -128,8 +142,7 @@ def quantize_blocks(xb: jax.Array, nonnegative: bool):
   # stored as zeros; a block with a NaN keeps a NaN scale.
   top = jnp.where(has_nan(xb), jnp.nan, jnp.where(top < _TINY, 0.0, top))
   inv = jnp.where(top > 0, _SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)
-  c = jnp.floor(jnp.abs(xb) * inv[..., None] + 0.5)
-  c = jnp.minimum(c, _SIGNED_MAX)
+  c = jnp.minimum(_round_half_up(jnp.abs(xb) * _per_block(inv, xb)), _SIGNED_MAX)
   return jnp.where(xb < 0, -c, c), top / _SIGNED_MAX
 
 
@@ -137,10 +150,11 @@ def dequantize_blocks(codes: jax.Array, scale: jax.Array,
                       nonnegative: bool) -> jax.Array:
   """fp32 values of ``codes`` (..., 64) (any real dtype) with ``scale`` (...)."""
   c = codes.astype(jnp.float32)
+  scale = _per_block(scale, c)
   if nonnegative:
-    r = (c + _NONNEG_OFFSET) * scale[..., None]
+    r = (c + _NONNEG_OFFSET) * scale
     return r * r
-  return c * scale[..., None]
+  return c * scale
 
 
 def _blocked(x: jax.Array) -> jax.Array:

@@ -116,16 +116,19 @@ def test_a_nan_or_inf_poisons_its_block_only(nonnegative, bad):
 
 
 @pytest.mark.parametrize("nonnegative", [False, True])
-def test_mosaic_row_encoder_flags_nan_blocks(nonnegative):
-  from pallas_kernels.fused_dw import kernel_mosaic  # pylint: disable=g-import-not-at-top
-  v = np.ones((128, 64), np.float32)
+def test_row_layout_equals_blocked_layout_and_flags_nan(nonnegative):
+  # The Mosaic kernel quantizes (rows, 64) sub-tiles, one block per row; the
+  # Triton kernel and quantize() use (..., blocks, 64) views.
+  v = np.abs(np.random.default_rng(3).standard_normal((128, 64))).astype(np.float32)
   v[5, 9] = np.nan
-  codes, scale = kernel_mosaic._encode_rows(jnp.asarray(v), nonnegative)  # pylint: disable=protected-access
-  want_codes, want_scale = q.quantize_blocks(jnp.asarray(v), nonnegative)
-  assert np.isnan(np.asarray(scale)[5]) and np.isnan(np.asarray(want_scale)[5])
+  codes, scale = q.quantize_blocks(jnp.asarray(v), nonnegative)
+  want_codes, want_scale = q.quantize_blocks(jnp.asarray(v[:, None, :]), nonnegative)
+  assert np.isnan(np.asarray(scale)[5]) and np.isnan(np.asarray(want_scale)[5, 0])
   keep = np.arange(128) != 5
-  np.testing.assert_array_equal(np.asarray(scale)[keep], np.asarray(want_scale)[keep])
-  np.testing.assert_array_equal(np.asarray(codes)[keep], np.asarray(want_codes)[keep])
+  np.testing.assert_array_equal(np.asarray(scale)[keep], np.asarray(want_scale)[keep, 0])
+  np.testing.assert_array_equal(np.asarray(codes)[keep], np.asarray(want_codes)[keep, 0])
+  back = np.asarray(q.dequantize_blocks(codes, scale, nonnegative))
+  assert np.all(np.isnan(back[5]))
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0), (0, 5), (0, 0), (2, 0, 64)])

@@ -64,6 +64,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels import quantization
 from pallas_kernels.fused_dw import tiling
 
 try:  # Mosaic GPU Pallas (jax >= 0.5); absent builds only lose this backend.
@@ -212,7 +213,6 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
 def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
                        interpret: bool = False) -> str | None:
   """Why this op cannot run on the Mosaic kernel, or None if it can."""
-  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
   if plgpu is None:
     return "this jax has no Mosaic GPU Pallas"
   if x.dtype != jnp.bfloat16 or dy.dtype != jnp.bfloat16:
@@ -501,7 +501,6 @@ class _Layout:
 
 
 def _layout(state) -> _Layout:
-  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
   states, is_scale = [], [False]
   for st in state:
     if isinstance(st, quantization.QuantizedArray):
@@ -511,45 +510,6 @@ def _layout(state) -> _Layout:
       states.append((len(is_scale),))
       is_scale.append(False)
   return _Layout(tuple(states), tuple(is_scale))
-
-
-def _row_bcast(vec, shape):
-  return lax.broadcast_in_dim(vec, shape, (0,))
-
-
-def _decode_rows(codes, scale, nonnegative: bool):
-  """``quantization.dequantize_blocks`` of (rows, 64) codes (fp32-valued)
-  with one scale per row."""
-  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
-  scale = _row_bcast(scale, codes.shape)
-  if nonnegative:
-    r = (codes + quantization._NONNEG_OFFSET) * scale  # pylint: disable=protected-access
-    return r * r
-  return codes * scale
-
-
-def _encode_rows(v, nonnegative: bool, sqrt=None):
-  """``quantization.quantize_blocks`` of (rows, 64) fp32 blocks, one block
-  per row, in operations Mosaic GPU lowers: floor(y + 0.5) of a y >= 0 is
-  its truncation to int32 (the same value: y <= 255.5 here), and ``sqrt``
-  may be the kernel's replacement. Returns (codes as fp32, scales (rows,))."""
-  from pallas_kernels import quantization as q  # pylint: disable=g-import-not-at-top
-  sqrt = sqrt or jnp.sqrt
-  round_half_up = lambda y: (y + 0.5).astype(jnp.int32).astype(jnp.float32)  # noqa: E731
-  if nonnegative:
-    r = sqrt(jnp.maximum(v, 0.0))
-    top = jnp.where(q.has_nan(v), jnp.nan, jnp.max(r, axis=1))
-    inv = jnp.where(top > 0, q._NONNEG_LEVELS / jnp.where(top > 0, top, 1.0), 0.0)  # pylint: disable=protected-access
-    c = jnp.minimum(round_half_up(r * _row_bcast(inv, v.shape)), q._NONNEG_LEVELS)  # pylint: disable=protected-access
-    c = jnp.where(r > 0, jnp.maximum(c, 1.0), c)
-    return c - q._NONNEG_OFFSET, top / q._NONNEG_LEVELS  # pylint: disable=protected-access
-  top = jnp.max(jnp.abs(v), axis=1)
-  top = jnp.where(q.has_nan(v), jnp.nan,
-                  jnp.where(top < q._TINY, 0.0, top))  # pylint: disable=protected-access
-  inv = jnp.where(top > 0, q._SIGNED_MAX / jnp.where(top > 0, top, 1.0), 0.0)  # pylint: disable=protected-access
-  c = jnp.minimum(round_half_up(jnp.abs(v) * _row_bcast(inv, v.shape)),
-                  q._SIGNED_MAX)  # pylint: disable=protected-access
-  return jnp.where(v < 0, -c, c), top / q._SIGNED_MAX  # pylint: disable=protected-access
 
 
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
@@ -569,7 +529,7 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   em, en = config.epi_m, config.epi_n
   n_arr = len(bufs)
   tiles = layout.tile_arrays
-  sqrt = _missing_lowerings().get(lax.sqrt_p)
+  sqrt = _missing_lowerings().get(lax.sqrt_p, jnp.sqrt)
   pending_ok = config.epi_slots - _AHEAD  # store groups that may stay in flight
   for s, (i, j) in enumerate(subs):
     slot = s % config.epi_slots
@@ -582,7 +542,8 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
     for entry in layout.states:
       values = here(entry[0])[...].astype(jnp.float32)
       if len(entry) == 3:
-        values = _decode_rows(values, here(entry[1])[0, :], entry[2])
+        values = quantization.dequantize_blocks(values, here(entry[1])[0, :],
+                                                entry[2])
       state.append(values)
     grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
     new_w, new_state = _rule_in_kernel(
@@ -591,7 +552,7 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
     here(0)[...] = new_w.astype(bufs[0].dtype)
     for entry, v in zip(layout.states, new_state):
       if len(entry) == 3:
-        v, scale = _encode_rows(v, entry[2], sqrt)
+        v, scale = quantization.quantize_blocks(v, entry[2], sqrt)
         # The sub-tile's scales, straight to HBM (one contiguous row of
         # the transposed scales).
         out_refs[entry[1]][col0 // en, pl.ds(row0, em)] = scale  # en = 64
@@ -609,7 +570,6 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
 def _scale_box(ref, origin, em):
   """The (1, em) window of transposed scales (blocks, in) holding the
   scales of the sub-tile at ``origin`` (its 64 columns are one block)."""
-  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
   row0, col0 = origin
   return ref.at[pl.ds(col0 // quantization.BLOCK_SIZE, 1), pl.ds(row0, em)]
 
@@ -849,7 +809,6 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     seeds = jnp.stack([reference.as_uint32(v) for v in (seed, *index_offset)])
   scalars = _hoisted_scalars(split, hparams, seeds)
   layout = _layout(state)
-  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
   arrays = [w]
   for st in state:  # an int8 state's scales go in transposed: (blocks, in)
     arrays += ([st.codes, st.scale.T] if isinstance(st, quantization.QuantizedArray)
