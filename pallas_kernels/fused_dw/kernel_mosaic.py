@@ -513,14 +513,13 @@ def _layout(state) -> _Layout:
 
 
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
-              out_refs, slot_ref, barrier, sub_gmem, load_sub, origin,
+              out_refs, slot_ref, barrier, load_sub, origin,
               layout: _Layout):
   """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
 
   The first ``_AHEAD`` sub-tiles must already be loading; ``slot_ref(buf,
   slot)`` is this warpgroup's buffer of a slot, ``barrier(a, s)`` the
-  barrier of array ``a`` for sub-tile ``s``, ``sub_gmem(ref, s)`` the
-  sub-tile's window of an HBM array, ``load_sub(s)`` starts its loads and
+  barrier of array ``a`` for sub-tile ``s``, ``load_sub(s)`` starts its loads and
   ``origin(s)`` is the (row, col) in W of its first element. An int8
   state's codes travel like W; its scales (transposed, (blocks, in)) arrive
   as one (1, epi_m) row by TMA and leave by plain stores of that row.
@@ -555,23 +554,30 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
         v, scale = quantization.quantize_blocks(v, entry[2], sqrt)
         # The sub-tile's scales, straight to HBM (one contiguous row of
         # the transposed scales).
-        out_refs[entry[1]][col0 // en, pl.ds(row0, em)] = scale  # en = 64
+        out_refs[entry[1]][col0 // quantization.BLOCK_SIZE,
+                           pl.ds(row0, em)] = scale
       here(entry[0])[...] = v.astype(bufs[entry[0]].dtype)
     plgpu.commit_smem()
     for a in tiles:
       # One bulk group per sub-tile (committed with its last array).
-      plgpu.copy_smem_to_gmem(here(a), sub_gmem(out_refs[a], s),
-                              commit_group=a == tiles[-1])
+      plgpu.copy_smem_to_gmem(
+          here(a), _sub_window(out_refs[a], (row0, col0), config),
+          commit_group=a == tiles[-1])
     if s + _AHEAD < len(subs):
       plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
       load_sub(s + _AHEAD)
 
 
-def _scale_box(ref, origin, em):
-  """The (1, em) window of transposed scales (blocks, in) holding the
-  scales of the sub-tile at ``origin`` (its 64 columns are one block)."""
+def _sub_window(ref, origin, config: MosaicConfig, is_scale: bool = False):
+  """The HBM window of the epilogue sub-tile whose first W element is at
+  ``origin`` (row, col): (epi_m, epi_n) of W or a state, or for transposed
+  scales (blocks, in) the (1, epi_m) row holding its scales (its 64 columns
+  are one block)."""
   row0, col0 = origin
-  return ref.at[pl.ds(col0 // quantization.BLOCK_SIZE, 1), pl.ds(row0, em)]
+  if is_scale:
+    return ref.at[pl.ds(col0 // quantization.BLOCK_SIZE, 1),
+                  pl.ds(row0, config.epi_m)]
+  return ref.at[pl.ds(row0, config.epi_m), pl.ds(col0, config.epi_n)]
 
 
 def _epilogue_buffers(in_refs, layout: _Layout, config: MosaicConfig, lead=()):
@@ -606,17 +612,12 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
   slots = config.epi_slots
 
-  def sub_gmem(ref, s):
-    i, j = subs[s]
-    return ref.at[pl.ds(m_i * bm + i * em, em), pl.ds(n_i * bn + j * en, en)]
-
   def origin(s):
     return m_i * bm + subs[s][0] * em, n_i * bn + subs[s][1] * en
 
   def load_sub(bufs, barriers, s):
     for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-      src = (_scale_box(ref, origin(s), em) if layout.is_scale[a]
-             else sub_gmem(ref, s))
+      src = _sub_window(ref, origin(s), config, layout.is_scale[a])
       plgpu.copy_gmem_to_smem(src, buf.at[s % slots],
                               barriers.at[slots * a + s % slots])
 
@@ -655,7 +656,6 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
               bufs=bufs, out_refs=out_refs,
               slot_ref=lambda buf, slot: buf.at[slot],
               barrier=lambda a, s: barriers.at[slots * a + s % slots],
-              sub_gmem=sub_gmem,
               load_sub=functools.partial(load_sub, bufs, barriers),
               origin=origin, layout=layout)
     plgpu.wait_smem_to_gmem(0)
@@ -721,11 +721,6 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       (lin,) = info.index
       m_i, n_i = tiling.grouped_tile(lin, num_m, num_n, config.group_m)
 
-      def sub_gmem(ref, s):
-        i, j = subs[s]
-        return ref.at[pl.ds(m_i * bm + i * em, em),
-                      pl.ds(n_i * cta_n + wg * bn + j * en, en)]
-
       def barrier(a, s):
         return barriers.at[(wg * n_arr + a) * slots + s % slots]
 
@@ -735,8 +730,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
       def load_sub(s):
         for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-          src = (_scale_box(ref, origin(s), em) if layout.is_scale[a]
-                 else sub_gmem(ref, s))
+          src = _sub_window(ref, origin(s), config, layout.is_scale[a])
           plgpu.copy_gmem_to_smem(src, buf.at[wg, s % slots], barrier(a, s))
 
       def context(eval_pipeline):
@@ -750,7 +744,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
         _epilogue(acc, subs=subs, config=config, split=split,
                   scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
                   slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
-                  sub_gmem=sub_gmem, load_sub=load_sub, origin=origin,
+                  load_sub=load_sub, origin=origin,
                   layout=layout)
         # The next tile's first loads reuse these buffers.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
