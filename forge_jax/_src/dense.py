@@ -426,7 +426,7 @@ def _refuse_parallel_axes(where: str, inputs, kernel) -> None:
         "vmap). Not supported: over a data-parallel axis each shard would "
         "apply its own partial gradient, where the update needs the "
         "all-reduced dW. Use jax.jit with sharded arrays instead")
-  if _is_batched(inputs) and not _is_batched(kernel):
+  if fused_dw.is_batched(inputs) and not fused_dw.is_batched(kernel):
     raise ValueError(
         f"ForgeDense at {where!r} runs under jax.vmap/nn.vmap with its inputs "
         "batched and its kernel shared: the per-example fused updates would be "
@@ -511,5 +511,3 @@ def _axis_names():
   except (ImportError, AttributeError):  # older/newer jax: skip this check
     return ()
 
-
-_is_batched = fused_dw.is_batched

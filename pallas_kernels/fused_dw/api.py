@@ -59,11 +59,7 @@ compiled on a GPU (the H200 runs jax 0.11.2; on 0.10 it is only lowered)."""
 
 
 def _jax_version() -> tuple[int, ...]:
-  parts = []
-  for p in jax.__version__.split(".")[:2]:
-    digits = "".join(ch for ch in p if ch.isdigit())
-    parts.append(int(digits or 0))
-  return tuple(parts)
+  return tuple(jax.__version_info__[:2])
 
 
 def is_batched(x) -> bool:
