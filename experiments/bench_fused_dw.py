@@ -253,6 +253,9 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
       got = _unflat(mosaic_fn(*sets[0], *copy(), hp), like)
     except ValueError as e:  # outside the Mosaic kernel's scope: say why
       extra = dict(mosaic_error=str(e).split(": ", 1)[-1][:120])
+    except Exception as e:  # noqa: BLE001  a compile failure is a result too
+      first = (str(e).strip().splitlines() or [""])[0]
+      extra = dict(mosaic_error=f"failed: {type(e).__name__}: {first[:160]}")
     else:
       mosaic_err = _rel_err(_flat(*got), _flat(*want))
       extra = dict(mosaic_rel_err=mosaic_err)

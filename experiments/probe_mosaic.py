@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from experiments.bench_fused_dw import _flat, _rel_err, _time_stateful, _unflat
 from forge_jax.rules import ADAMW
+from pallas_kernels import quantization
 from pallas_kernels.fused_dw import MosaicConfig
 from pallas_kernels.fused_dw import fused_dw_update
 from pallas_kernels.fused_dw import fused_dw_update_reference
@@ -39,12 +40,16 @@ CONFIGS = {
     "m128n128t64s3noT": C(128, 128, 64, 3, transpose_x=False),
     "m128n128t64s3x3e32": C(128, 128, 64, 3, epi_slots=3, epi_n=32),
     "m64n128t64s4x3": C(64, 128, 64, 4, epi_slots=3),
+    "m64n128t64s4": C(64, 128, 64, 4),
+    "m64n64t64s4": C(64, 64, 64, 4),
     # warp-specialized, persistent, two compute warpgroups
     "WS_A_n128s2e32": C(128, 128, 64, 2, epi_n=32, compute_wgs=2),
     "WS_B_n128s3e16": C(128, 128, 64, 3, epi_n=16, compute_wgs=2),
     "WS_C_n64s4e32": C(128, 64, 64, 4, epi_n=32, compute_wgs=2),
     "WS_F_n64s4e32noT": C(128, 64, 64, 4, epi_n=32, compute_wgs=2,
                           transpose_x=False),
+    "WS_G_n128s2": C(128, 128, 64, 2, compute_wgs=2),
+    "WS_H_n64s3": C(128, 64, 64, 3, compute_wgs=2),
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
@@ -55,7 +60,9 @@ def main(argv=None):
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--shapes", default="2048:4096x14336",
                  help="T:inxout, several separated by ','")
-  p.add_argument("--modes", default="fp32", help="fp32 and/or bf16 (W and states)")
+  p.add_argument("--modes", default="fp32",
+                 help="fp32 and/or bf16 (W and states), int8 (fp32 W, int8 "
+                 "states)")
   p.add_argument("--configs", default=",".join(CONFIGS),
                  help="comma-separated names: m<block_m>n<block_n>t<block_t>"
                  "s<stages>, x3 = 3 epilogue slots, e<N> = epilogue sub-tile "
@@ -82,12 +89,16 @@ def main(argv=None):
              jax.random.normal(jax.random.fold_in(key, 2 * i + 1), (t, d_out),
                                jnp.bfloat16)) for i in range(3)]
     for mode in a.modes.split(","):
-      dtype = jnp.float32 if mode == "fp32" else jnp.bfloat16
+      if mode not in ("fp32", "bf16", "int8"):
+        raise SystemExit(f"--modes: {mode!r} is not fp32, bf16 or int8")
+      dtype = jnp.bfloat16 if mode == "bf16" else jnp.float32
       w = jax.random.normal(jax.random.fold_in(key, 9), (d_in, d_out), dtype)
       mu = (1e-2 * jax.random.normal(jax.random.fold_in(key, 10), (d_in, d_out))
             ).astype(dtype)
       nu = ((1e-2 * jax.random.normal(jax.random.fold_in(key, 11), (d_in, d_out)))
             ** 2).astype(dtype)
+      if mode == "int8":
+        mu, nu = quantization.quantize(mu, False), quantization.quantize(nu, True)
       like = (mu, nu)
 
       def make(impl, cfg=None):
@@ -101,9 +112,10 @@ def main(argv=None):
                                      implementation=impl, config=cfg,
                                      interpret=a.interpret)
           return tuple(_flat(nw, ns))
-        return jax.jit(step, donate_argnums=(2, 3, 4))
+        n = len(_flat(w, like))
+        return jax.jit(step, donate_argnums=tuple(range(2, 2 + n)))
 
-      copy = lambda: [jnp.copy(v) for v in (w, mu, nu)]  # noqa: E731
+      copy = lambda: [jnp.copy(v) for v in _flat(w, like)]  # noqa: E731
       unfused = make("xla")
       want = unfused(*sets[0], *copy(), hp)
       times = {"xla": _time_stateful(unfused, sets, copy(), [hp], a.reps)}
@@ -125,7 +137,8 @@ def main(argv=None):
           print(f"T={t} {d_in}x{d_out} {mode} {name}: ERROR {type(e).__name__}: "
                 f"{str(e)[:300]}", flush=True)
       size = jnp.dtype(dtype).itemsize
-      moved = 2 * t * (d_in + d_out) + 2 * d_in * d_out * 3 * size
+      states = 2 * (1 + 4 / quantization.BLOCK_SIZE) if mode == "int8" else 2 * size
+      moved = 2 * t * (d_in + d_out) + 2 * d_in * d_out * (size + states)
       floor = max(2 * t * d_in * d_out / 790e12, moved / 4.3e12)
       lines.append(f"## T={t} {d_in}x{d_out} {mode} floor (H200) {floor * 1e3:.3f} ms | "
                    + " | ".join(f"{k} {v * 1e3:.3f} ({floor / v * 100:.0f}%)"

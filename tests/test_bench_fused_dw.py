@@ -75,3 +75,20 @@ def test_dispatch_probe_checks_chained_ops_and_times_both_ways(capsys):
   assert "(not comparable)" in capsys.readouterr().out
   with pytest.raises(SystemExit, match="--shapes"):
     probe_dispatch.main(["--shapes", "64x128"])
+
+
+def test_mosaic_tile_probe_checks_int8_states_before_timing(capsys):
+  from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
+  lines = probe_mosaic.main(["--shapes", "64:128x128", "--modes", "int8",
+                             "--configs", "m64n128t64s4", "--reps", "1",
+                             "--interpret"])
+  out = capsys.readouterr().out
+  # Each kernel is checked against the unfused step first, then timed.
+  assert "int8 triton:" in out and "int8 m64n128t64s4:" in out
+  assert "WRONG" not in out and "ERROR" not in out
+  assert len(lines) == 1 and "m64n128t64s4" in lines[0]
+  with pytest.raises(SystemExit, match="--modes"):
+    probe_mosaic.main(["--shapes", "64:128x128", "--modes", "fp8",
+                       "--configs", "m64n128t64s4", "--interpret"])
+  with pytest.raises(SystemExit, match="--configs"):
+    probe_mosaic.main(["--configs", "nope", "--interpret"])

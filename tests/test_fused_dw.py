@@ -131,10 +131,12 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng, monkeypatch):
   assert select_kernel(x, dy, w, st, ADAMW, None, config=SMALL, **hopper) == "triton"
   xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
   assert select_kernel(xf, dyf, w, st, ADAMW, None, **hopper) == "triton"
-  # int8 states stay on Triton until the Mosaic int8 path has run compiled;
-  # a MosaicConfig asks for Mosaic (which then covers or refuses the op).
+  # int8 states too (with their own default tile); a MosaicConfig asks for
+  # Mosaic (which then covers or refuses the op) whatever the device.
   q = (quantization.quantize(st[0], False), quantization.quantize(st[1], True))
-  assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), **hopper) == "triton"
+  assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), **hopper) == "mosaic"
+  assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3),
+                       compute_capability="8.0") == "triton"
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), config=MosaicConfig(),
                        compute_capability="8.0") == "mosaic"
   fold = FoldAdamRule(2)

@@ -202,6 +202,16 @@ def test_default_config_fits_64_multiples(rng):
   assert MosaicConfig.default(512, 4096, 14336, interpret=True).transpose_x
   cfg = MosaicConfig.default(64, 192, 64)
   assert (cfg.block_m, cfg.block_n) == (64, 64)
+  # int8 states: 64-row tiles (register room for decode and encode), or the
+  # warp-specialized layout from T=8192 on; never the latter in interpret
+  # mode.
+  q = MosaicConfig.default(512, 4096, 14336, int8_states=True)
+  assert (q.block_m, q.block_n, q.compute_wgs, q.epi_n) == (64, 128, 1, 64)
+  q = MosaicConfig.default(8192, 4096, 14336, int8_states=True)
+  assert (q.block_m, q.block_n, q.compute_wgs) == (128, 64, 2)
+  q = MosaicConfig.default(8192, 4096, 14336, interpret=True, int8_states=True)
+  assert q.compute_wgs == 1
+  assert MosaicConfig.default(512, 4096, 192, int8_states=True).block_n == 64
   args = _inputs(rng, rules.ADAMW, 64, 192, 64)
   got = jax.jit(lambda *a: fused_dw_update(
       *a, rule=rules.ADAMW, implementation="mosaic", interpret=True))(*args)
@@ -574,7 +584,10 @@ def test_int8_kernel_lowers_for_cuda_in_place(rng, config):
 @pytest.mark.skipif(not ON_GPU, reason="compiled warp-specialized kernel: "
                     "needs a GPU (its lowering is checked on the CPU above)")
 def test_warp_specialized_int8_states(rng):
-  config = MosaicConfig(block_m=128, block_n=128, compute_wgs=2, num_ctas=3)
+  # 2 stages: with 3, the 128×(2·128) tile and its int8 epilogue buffers
+  # exceed a Hopper CTA's shared memory (refused before compiling).
+  config = MosaicConfig(block_m=128, block_n=128, max_concurrent_steps=2,
+                        compute_wgs=2, num_ctas=3)
   args = _inputs(rng, rules.ADAMW, 128, 256, 512)
   args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
   _check_int8(_run(args, rules.ADAMW, config, False),

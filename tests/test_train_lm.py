@@ -52,16 +52,19 @@ def test_resume_continues_exactly(text_file, tmp_path):
   resumed = train_lm.main(_cfg(text_file, tmp_path / "split", resume=True))
   assert [r["step"] for r in resumed["records"]] == list(range(1, 9))
   for a, b in zip(full["records"], resumed["records"]):
-    assert a["loss"] == b["loss"]  # bit-identical, not merely close
     assert ("val_loss" in a) == ("val_loss" in b)
-    if "val_loss" in a and ON_GPU:
-      # Each run compiles its own eval function and XLA's GPU autotuner may
-      # pick another matmul algorithm for it (seen on the H200: a 5e-8
-      # relative difference at identical params). The training losses
-      # above, which depend on every param, stay bit-identical.
-      assert abs(a["val_loss"] - b["val_loss"]) <= 1e-6 * abs(b["val_loss"])
-    else:
-      assert a.get("val_loss") == b.get("val_loss")
+    for k in ("loss", "val_loss"):
+      if k not in a:
+        continue
+      if ON_GPU:
+        # Each run compiles its own step and eval functions, and XLA's GPU
+        # autotuner may pick another matmul algorithm for each (seen on the
+        # H200: 5e-8 and 1.1e-7 relative differences). A resume that lost
+        # state (moments, count, the rounding seed) moves the loss by far
+        # more than this.
+        assert abs(a[k] - b[k]) <= 1e-6 * abs(b[k]), (k, a["step"])
+      else:
+        assert a[k] == b[k], (k, a["step"])  # bit-identical, not merely close
 
 
 def test_optax_baseline_trains_the_same_model(text_file, tmp_path):

@@ -35,8 +35,10 @@ box on jax 0.11): XLA transposes the scales to (out / 64, in) around the
 kernel (4 bytes per 64 elements, each way), so that a sub-tile's scales are
 one contiguous (1, 64) row, loaded by TMA and stored back by plain stores.
 The transposed scales are updated in place; the transposes are the only
-extra traffic (not yet timed: this path has run in interpret mode and been
-lowered for CUDA, not compiled on a GPU). Decoding and
+extra traffic. The 128×128 tile measured slow with int8 states (1.29 ms at
+T=512, 4096→14336, against 0.47 for 64×128: the decode and encode do not fit
+in registers beside a 128×128 accumulator), hence their own
+:meth:`MosaicConfig.default`. Decoding and
 encoding are ``quantization.dequantize_blocks`` / ``quantize_blocks`` per
 row, in operations Mosaic GPU lowers (floor(y + 0.5) of y >= 0 as its
 truncation, the same value): bitwise equal on finite values, except where
@@ -172,14 +174,32 @@ class MosaicConfig:
 
   @classmethod
   def default(cls, t: int, d_in: int, d_out: int,
-              interpret: bool = False) -> "MosaicConfig":
-    """128×128×64 tiles with 3 stages (the fastest measured on the H200),
-    halved along an axis that 128 does not divide (the shapes must still
-    divide by 64); x read through a transposed shared-memory view below
-    T=2048 and transposed by XLA from there on (H200, 4096→14336, AdamW
-    fp32: 0.418 against 0.610 ms at T=512, 0.681 against 0.635 at T=2048,
-    equal at 8192). ``interpret`` always transposes (the CPU interpreter has
-    no transposed views)."""
+              interpret: bool = False,
+              int8_states: bool = False) -> "MosaicConfig":
+    """The configuration measured fastest on the H200 for this shape.
+
+    fp32/bf16 states: 128×128×64 tiles with 3 stages, halved along an axis
+    that 128 does not divide (the shapes must still divide by 64); x read
+    through a transposed shared-memory view below T=2048 and transposed by
+    XLA from there on (4096→14336, AdamW fp32: 0.418 against 0.610 ms at
+    T=512, 0.681 against 0.635 at T=2048, equal at 8192).
+
+    int8 states (``int8_states``): 64×128 tiles with 4 stages (half the
+    accumulator in registers, room for the decode and encode), or from
+    T=8192 on the warp-specialized 128×(2·64) layout with 3 stages
+    (4096→14336 AdamW: 0.470 ms at T=512 against 1.293 for 128×128, 2.057
+    against 2.191 ms at T=8192; ``experiments/results/h200_2026-12-01e``).
+
+    ``interpret`` always transposes x and never warp-specializes (the CPU
+    interpreter has neither transposed views nor a reliable
+    warp-specialized run)."""
+    if int8_states:
+      if (not interpret and t >= 8192 and d_in % 128 == 0
+          and d_out % 128 == 0):
+        return cls(block_m=128, block_n=64, max_concurrent_steps=3,
+                   compute_wgs=2)
+      return cls(block_m=64, block_n=128 if d_out % 128 == 0 else 64,
+                 max_concurrent_steps=4)
     return cls(block_m=128 if d_in % 128 == 0 else 64,
                block_n=128 if d_out % 128 == 0 else 64,
                transpose_x=interpret or t >= 2048)
