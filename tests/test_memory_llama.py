@@ -1,5 +1,7 @@
 """The model-scale memory experiment runs end to end on a tiny model (CPU)."""
 
+import types
+
 import jax
 import pytest
 
@@ -28,3 +30,23 @@ def test_tensor_parallel_variant_runs_sharded():
   # arguments of the sharded step (per device) are well under the whole's.
   whole = row["param_bytes"] + row["optimizer_state_bytes"]
   assert row["argument_size_in_bytes"] < 0.8 * whole
+
+
+def test_variant_processes_may_use_the_whole_card(monkeypatch, tmp_path):
+  # Qwen3-32B with int8 moments needs 130 of an H200's 140 GiB: JAX's default
+  # allocator cap (75%) would fail it. A caller's own setting wins.
+  seen = []
+
+  def fake_run(cmd, **kw):
+    seen.append(kw["env"].get("XLA_PYTHON_CLIENT_MEM_FRACTION"))
+    return types.SimpleNamespace(stdout="", stderr="ValueError: not run")
+
+  monkeypatch.setattr(memory_llama.subprocess, "run", fake_run)
+  argv = ["--model", "cpu-tiny", "--tokens", "16", "--optimizers", "optax",
+          "--layouts", "scan", "--out", str(tmp_path)]
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  rows = memory_llama.main(argv)
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+  memory_llama.main(argv)
+  assert seen == ["0.97", "0.5"]
+  assert rows[0]["error"] == "ValueError: not run"
