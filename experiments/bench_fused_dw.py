@@ -45,6 +45,7 @@ import json
 import os
 import platform
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -248,27 +249,39 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   t_fused = _time_stateful(fused, sets, copy(), [hp], reps)
   extra = {}
   if mosaic:
-    mosaic_fn = make("mosaic")
-    try:
-      got = _unflat(mosaic_fn(*sets[0], *copy(), hp), like)
-    except ValueError as e:  # outside the Mosaic kernel's scope: say why
-      extra = dict(mosaic_error=str(e).split(": ", 1)[-1][:120])
-    except Exception as e:  # noqa: BLE001  a compile failure is a result too
-      first = (str(e).strip().splitlines() or [""])[0]
-      extra = dict(mosaic_error=f"failed: {type(e).__name__}: {first[:160]}")
-    else:
-      mosaic_err = _rel_err(_flat(*got), _flat(*want))
-      extra = dict(mosaic_rel_err=mosaic_err)
-      if mosaic_err <= MAX_REL_ERR:  # a wrong result is reported, not timed
-        extra["mosaic_s"] = _time_stateful(mosaic_fn, sets, copy(), [hp], reps)
-      else:
-        extra["mosaic_error"] = f"differs from the reference: rel err {mosaic_err:.1e}"
+    extra = _mosaic_case(make("mosaic"), sets, copy, hp, want, like, reps)
   n = d_in * d_out
   n_state = int(np.prod(rule.state_shape((d_in, d_out))))
   moved = (2 * t * (d_in + d_out) + 2 * _storage_bytes(n, w_dtype)
            + 2 * len(rule.state_names) * _storage_bytes(n_state, state_dtype))
   return dict(rule=rule.name, mode=mode, rel_err=err, unfused_s=t_unfused,
               fused_s=t_fused, bytes=moved, **extra)
+
+
+def _mosaic_case(mosaic_fn, sets, copy, hp, want, like, reps) -> dict:
+  """The Mosaic kernel's columns of one case: its relative error and time,
+  or why it has none: outside its scope (the API's refusal, which names
+  the reason), a failure to build or run (reported with its type and first
+  line, the other variants' columns kept; the traceback is printed), or a
+  result that differs from the reference (reported, not timed)."""
+  scope = "implementation='mosaic': "
+  try:
+    got = _unflat(mosaic_fn(*sets[0], *copy(), hp), like)
+    err = _rel_err(_flat(*got), _flat(*want))
+    if not err <= MAX_REL_ERR:
+      return dict(mosaic_rel_err=err,
+                  mosaic_error=f"differs from the reference: rel err {err:.1e}")
+    return dict(mosaic_rel_err=err,
+                mosaic_s=_time_stateful(mosaic_fn, sets, copy(), [hp], reps))
+  except ValueError as e:
+    if str(e).startswith(scope):
+      return dict(mosaic_error=str(e)[len(scope):][:120])
+    failure = e
+  except Exception as e:  # noqa: BLE001  a failure is a result of the run too
+    failure = e
+  traceback.print_exception(failure)
+  first = (str(failure).strip().splitlines() or [""])[0]
+  return dict(mosaic_error=f"failed: {type(failure).__name__}: {first[:160]}")
 
 
 def _parse_peaks(text: str) -> tuple[float, float]:

@@ -62,6 +62,29 @@ def test_bench_times_the_mosaic_kernel_where_in_scope(tmp_path, capsys):
   assert "(rule 'fold_adam_l3' is not elementwise" in capsys.readouterr().out
 
 
+def test_bench_reports_a_mosaic_failure_and_keeps_the_row(tmp_path, capsys,
+                                                          monkeypatch):
+  # A kernel that fails to build (here: raises) is a result of the run: its
+  # row keeps the other variants' columns, labelled apart from a refusal.
+  from pallas_kernels.fused_dw import kernel_mosaic  # pylint: disable=g-import-not-at-top
+
+  def broken(*args, **kwargs):
+    raise ValueError("Mosaic GPU kernel exceeds available shared memory")
+
+  monkeypatch.setattr(kernel_mosaic, "fused_dw_update_mosaic", broken)
+  rows = bench_fused_dw.main([
+      "--shapes", "64:64x128", "--rules", "adamw", "--modes", "fp32",
+      "--reps", "1", "--peak-size", "128", "--interpret", "--mosaic",
+      "--out", str(tmp_path)])
+  (row,) = rows
+  assert row["mosaic_error"] == ("failed: ValueError: Mosaic GPU kernel "
+                                 "exceeds available shared memory")
+  assert row["fused_s"] > 0 and row["unfused_s"] > 0 and "mosaic_s" not in row
+  captured = capsys.readouterr()
+  assert "(failed: ValueError" in captured.out
+  assert "Traceback" in captured.err
+
+
 def test_dispatch_probe_checks_chained_ops_and_times_both_ways(capsys):
   from experiments import probe_dispatch  # pylint: disable=g-import-not-at-top
   rows = probe_dispatch.main(["--shapes", "64:64x128", "--chain", "2",

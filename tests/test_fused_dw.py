@@ -137,6 +137,17 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng, monkeypatch):
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), **hopper) == "mosaic"
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3),
                        compute_capability="8.0") == "triton"
+  # fp32 W beside an fp32 and an int8 state at T=8192: the warp-specialized
+  # int8 default overflows shared memory, the one-warpgroup tile is taken.
+  xl, dyl, wl, sl = _op(rng, 8192, 256, 256)
+  mixed = (sl[0], quantization.quantize(sl[1], True))
+  cfg = api.mosaic_default_config(xl, dyl, wl, mixed, ADAMW, None)
+  assert (cfg.compute_wgs, cfg.block_m) == (1, 64)
+  assert api.mosaic_default_config(
+      xl, dyl, wl.astype(jnp.bfloat16),
+      tuple(quantization.quantize(s, n) for s, n in zip(sl, (False, True))),
+      ADAMW, None).compute_wgs == 2
+  assert select_kernel(xl, dyl, wl, mixed, ADAMW, None, **hopper) == "mosaic"
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), config=MosaicConfig(),
                        compute_capability="8.0") == "mosaic"
   fold = FoldAdamRule(2)
@@ -232,6 +243,27 @@ def test_kernel_lowers_to_triton_with_aliased_outputs(dtype, w_dtype, seeded):
       lowering_platforms=("cuda",)).as_text()
   assert "__gpu$xla.gpu.triton" in text
   assert text.count("output_operand_aliases") >= 1
+
+
+def test_repeated_triton_ops_lower_one_kernel(rng, monkeypatch):
+  # One Triton kernel per static configuration, however many layers call it
+  # (its lowering compiles it); lowered for CUDA on any machine.
+  from pallas_kernels.fused_dw import api  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(api, "_require_gpu", lambda *a: None)
+  x, dy, w, st, hp = _inputs(rng, 64, 64, 128, jnp.bfloat16)
+
+  def layers(x, dy, ws, st, hp):
+    new = []
+    for v in ws:
+      v, st = fused_dw_update(x, dy, v, st, hp, rule=ADAMW,
+                              implementation="triton")
+      new.append(v)
+    return new, st
+
+  text = jax.jit(layers).trace(x, dy, [w, w + 1, w + 2], st, hp).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 1
+  assert text.count("call @forge_fused_dw_update_triton") == 3
 
 
 @pytest.mark.parametrize("impl,interpret", BACKENDS)

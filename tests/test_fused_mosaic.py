@@ -592,3 +592,79 @@ def test_warp_specialized_int8_states(rng):
   args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
   _check_int8(_run(args, rules.ADAMW, config, False),
               fused_dw_update_reference(*args, rule=rules.ADAMW), 2e-6)
+
+
+def test_repeated_ops_lower_one_kernel(rng, monkeypatch):
+  # An unrolled model calls the same op once per layer: JAX lowers the kernel
+  # once and calls it (lowering a Mosaic kernel takes ~0.6 s of CPU). Lowered
+  # for CUDA on any machine; the GPU check is lifted for the lowering only.
+  from pallas_kernels.fused_dw import api  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(api, "_require_gpu", lambda *a: None)
+  x, dy, w, st, hp = _inputs(rng, rules.ADAMW, 128, 128, 256)
+  w2 = w + 1.0
+
+  def layers(x, dy, w, w2, st, hp):
+    new = []
+    for v in (w, w2, w):  # three ops of one shape, different operands
+      v, st = fused_dw_update(x, dy, v, st, hp, rule=rules.ADAMW,
+                              implementation="mosaic", config=MosaicConfig())
+      new.append(v)
+    return new, st
+
+  text = jax.jit(layers).trace(x, dy, w, w2, st, hp).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("custom_call @mosaic_gpu") == 1
+  assert text.count("call @forge_fused_dw_update_mosaic") == 3
+  # A different static configuration is another kernel.
+  def two_configs(x, dy, w, st, hp):
+    a = fused_dw_update(x, dy, w, st, hp, rule=rules.ADAMW,
+                        implementation="mosaic", config=MosaicConfig())
+    b = fused_dw_update(x, dy, w, st, hp, rule=rules.ADAMW,
+                        implementation="mosaic", config=MosaicConfig(block_n=64))
+    return a, b
+  text = jax.jit(two_configs).trace(x, dy, w, st, hp).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("custom_call @mosaic_gpu") == 2
+
+
+def test_shared_kernel_call_keeps_results_and_traced_offsets(rng):
+  # Through the shared jitted call: each op's own operands, static offsets
+  # above int32, and traced offsets, all as the reference computes them.
+  x, dy, w, st, hp = _inputs(rng, rules.ADAMW, 64, 64, 128, w_dtype=jnp.bfloat16)
+  seed = jnp.uint32(7)
+  for offset in [(0, 0), (2**31 + 5, 3)]:
+    want = fused_dw_update_reference(x, dy, w, st, hp, rule=rules.ADAMW,
+                                     seed=seed, index_offset=offset)
+    got = fused_dw_update(x, dy, w, st, hp, rule=rules.ADAMW, seed=seed,
+                          index_offset=offset, implementation="mosaic",
+                          interpret=True)
+    _check(got, want, 2e-6)
+  traced = jax.jit(lambda r, c: fused_dw_update(
+      x, dy, w, st, hp, rule=rules.ADAMW, seed=seed, index_offset=(r, c),
+      implementation="mosaic", interpret=True))(jnp.int32(64), jnp.int32(128))
+  _check(traced, fused_dw_update_reference(x, dy, w, st, hp, rule=rules.ADAMW,
+                                           seed=seed, index_offset=(64, 128)),
+         2e-6)
+
+
+def test_shared_memory_estimate_covers_what_mosaic_allocates():
+  # Lowered on jax 0.11.2, this warp-specialized int8 tile needs 233,696
+  # bytes (over a CTA's 232,448); the buffers alone count 231,424. The
+  # estimate refuses it before Mosaic GPU fails to lower it.
+  sds = jax.ShapeDtypeStruct
+  t, d_in, d_out = 8192, 4096, 14336
+  x, dy = sds((t, d_in), jnp.bfloat16), sds((t, d_out), jnp.bfloat16)
+  w = sds((d_in, d_out), jnp.float32)
+  st = tuple(jax.eval_shape(lambda n=n: quantization.quantize(
+      jnp.zeros((d_in, d_out)), n)) for n in (False, True))
+  cfg = MosaicConfig(block_m=128, block_n=64, max_concurrent_steps=4,
+                     compute_wgs=2)
+  reason = kernel_mosaic.unsupported_reason(x, dy, w, st, rules.ADAMW, None, cfg)
+  assert reason and "shared memory" in reason
+  # The defaults stay well inside.
+  for t_ in (512, 8192):
+    for w_dtype in (jnp.float32, jnp.bfloat16):
+      cfg = MosaicConfig.default(t_, d_in, d_out, int8_states=True)
+      assert kernel_mosaic.unsupported_reason(
+          sds((t_, d_in), jnp.bfloat16), sds((t_, d_out), jnp.bfloat16),
+          sds((d_in, d_out), w_dtype), st, rules.ADAMW, None, cfg) is None

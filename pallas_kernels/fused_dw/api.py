@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+import functools
 from typing import Literal
 
 import jax
@@ -97,8 +98,9 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   stochastic rounding, AdamW, one op per call) and their own default tile it
   measured 0.477–0.489 ms against Triton's 0.650–0.665 at T=512, 0.884 against
   0.992 at T=2048, and 1.999 against 2.085 (4096→14336) but 2.088 against
-  1.959 (14336→4096) at T=8192; the Llama-3.1-8B int8-moment step went from
-  173 to 127 ms at T=512 (``experiments/results/h200_2026-12-01e``).
+  1.959 (14336→4096) at T=8192; the Llama-3.1-8B int8-moment step took
+  126.7 ms at T=512 (``experiments/results/h200_2026-12-01e``; 173.4 ms on
+  the Triton kernel in an earlier run, before other changes).
   """
   if isinstance(config, MosaicConfig):  # the caller chose the kernel
     return "mosaic"
@@ -111,11 +113,25 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   if not cc or not cc.startswith("9") or _jax_version() < _MOSAIC_AUTO_MIN_JAX:
     return "triton"
   if config is None:
-    config = MosaicConfig.default(x.shape[0], *w.shape,
-                                  int8_states=_has_int8(state))
+    config = mosaic_default_config(x, dy, w, state, rule, seed)
   reason = kernel_mosaic.unsupported_reason(x, dy, w, tuple(state), rule, seed,
                                             config)
   return "triton" if reason else "mosaic"
+
+
+def mosaic_default_config(x, dy, w, state, rule, seed,
+                          interpret: bool = False) -> MosaicConfig:
+  """``MosaicConfig.default`` for this op; where that is the warp-specialized
+  int8 layout and it does not fit (e.g. fp32 W beside an fp32 and an int8
+  state overflow its shared memory), the one-warpgroup int8 tile."""
+  state = tuple(state)
+  config = MosaicConfig.default(x.shape[0], *w.shape, interpret=interpret,
+                                int8_states=_has_int8(state))
+  if config.compute_wgs == 2 and kernel_mosaic.unsupported_reason(
+      x, dy, w, state, rule, seed, config, interpret):
+    config = MosaicConfig.default(x.shape[0], *w.shape, interpret=interpret,
+                                  int8_states=True, warp_specialized=False)
+  return config
 
 
 def _has_int8(state) -> bool:
@@ -248,7 +264,7 @@ def fused_dw_update(
       ``'triton'`` (if None, the one recorded by
       ``pallas_kernels.fused_dw.autotune.autotune`` for this op (device,
       shapes, dtypes, rule, state formats), else ``FusedDWConfig.default``),
-      a ``MosaicConfig`` for ``'mosaic'`` (default ``MosaicConfig.default``).
+      a ``MosaicConfig`` for ``'mosaic'`` (default ``mosaic_default_config``).
     interpret: run the Pallas kernel in interpret mode (for CPU tests).
     seed: uint32 scalar for stochastic rounding of a bfloat16 ``w``: element
       (i, j) uses the bits ``precision.random_bits(seed, count, i * out + j)``,
@@ -301,8 +317,7 @@ def fused_dw_update(
     # Checked before the empty-operand shortcut: 'mosaic' refuses what it
     # does not cover even where no kernel would run.
     if config is None:
-      config = MosaicConfig.default(x.shape[0], *w.shape, interpret=interpret,
-                                    int8_states=_has_int8(state))
+      config = mosaic_default_config(x, dy, w, state, rule, seed, interpret)
     if not isinstance(config, MosaicConfig):
       raise ValueError(f"implementation='mosaic' needs a MosaicConfig, got "
                        f"config={config!r}")
@@ -318,9 +333,9 @@ def fused_dw_update(
                                      index_width=index_width)
   _require_gpu(impl, interpret)
   if impl == "mosaic":
-    return kernel_mosaic.fused_dw_update_mosaic(
-        x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
-        seed=seed, index_offset=index_offset, index_width=index_width)
+    return _kernel_call(kernel_mosaic.fused_dw_update_mosaic, x, dy, w, state,
+                        hparams, seed, index_offset, rule=rule, config=config,
+                        interpret=interpret, index_width=index_width)
   if config is not None and not isinstance(config, FusedDWConfig):
     raise ValueError(f"implementation='triton' needs a FusedDWConfig, got "
                      f"config={config!r}")
@@ -344,6 +359,40 @@ def fused_dw_update(
         + f" must be a multiple of {min_block_n} for rule {rule.name!r}" + (
             " with int8 state (a tile must hold whole quantization blocks of "
             f"{quantization.BLOCK_SIZE} state columns)" if quantized else ""))
-  return kernel_triton.fused_dw_update_triton(
-      x, dy, w, state, hparams, rule=rule, config=config, interpret=interpret,
-      seed=seed, index_offset=index_offset, index_width=index_width)
+  return _kernel_call(kernel_triton.fused_dw_update_triton, x, dy, w, state,
+                      hparams, seed, index_offset, rule=rule, config=config,
+                      interpret=interpret, index_width=index_width)
+
+
+def _kernel_call(kernel, x, dy, w, state, hparams, seed, index_offset, **static):
+  """``kernel(...)`` through one ``jax.jit`` per static configuration.
+
+  A model calls the same op many times (an unrolled Llama-3.1-8B: 224 fused
+  projections of 4 shapes). Through a shared jitted function JAX traces and
+  lowers the kernel once per module and emits calls to it (lowering a Mosaic
+  kernel for CUDA takes ~0.6 s on a CPU core, a Triton kernel's lowering
+  compiles it); XLA inlines the calls, so the custom calls and their
+  operand/result aliasing are as before. ``index_offset`` of Python ints
+  (which may exceed int32) stays static; traced offsets are arguments.
+  """
+  offset = tuple(index_offset)
+  static_offset = all(isinstance(v, (int, np.integer)) for v in offset)
+  if static_offset:
+    offset = tuple(int(v) for v in offset)
+  fn = _jitted_kernel(kernel, offset if static_offset else None,
+                      tuple(sorted(static.items())))
+  return fn(x, dy, w, tuple(state), hparams, seed,
+            () if static_offset else offset)
+
+
+@functools.lru_cache(maxsize=256)
+def _jitted_kernel(kernel, static_offset, static_items):
+  static = dict(static_items)
+
+  def call(x, dy, w, state, hparams, seed, traced_offset):
+    offset = static_offset if static_offset is not None else traced_offset
+    return kernel(x, dy, w, state, hparams, seed=seed, index_offset=offset,
+                  **static)
+
+  call.__name__ = call.__qualname__ = f"forge_{kernel.__name__}"
+  return jax.jit(call)

@@ -175,8 +175,9 @@ class MosaicConfig:
   @classmethod
   def default(cls, t: int, d_in: int, d_out: int,
               interpret: bool = False,
-              int8_states: bool = False) -> "MosaicConfig":
-    """The configuration measured fastest on the H200 for this shape.
+              int8_states: bool = False,
+              warp_specialized: bool = True) -> "MosaicConfig":
+    """A configuration for this shape, from the H200 measurements below.
 
     fp32/bf16 states: 128×128×64 tiles with 3 stages, halved along an axis
     that 128 does not divide (the shapes must still divide by 64); x read
@@ -184,18 +185,23 @@ class MosaicConfig:
     XLA from there on (4096→14336, AdamW fp32: 0.418 against 0.610 ms at
     T=512, 0.681 against 0.635 at T=2048, equal at 8192).
 
-    int8 states (``int8_states``): 64×128 tiles with 4 stages (half the
-    accumulator in registers, room for the decode and encode), or from
-    T=8192 on the warp-specialized 128×(2·64) layout with 3 stages
-    (4096→14336 AdamW: 0.470 ms at T=512 against 1.293 for 128×128, 2.057
-    against 2.191 ms at T=8192; ``experiments/results/h200_2026-12-01e``).
+    int8 states (``int8_states``): 64×128 tiles with 4 stages (64×64 where
+    128 does not divide out), or from T=8192 on, where in and out divide by
+    128 and ``warp_specialized``, the warp-specialized 128×(2·64) layout with
+    3 stages. Measured only at 4096→14336, AdamW, fp32 W (``probe_mosaic``,
+    ``experiments/results/h200_2026-12-01e``): 0.470 ms at T=512 against
+    1.293 for 128×128 (an explanation not checked with a profiler: the
+    decode and encode do not fit in registers beside a 128×128
+    accumulator), 2.057 against 2.191 ms at T=8192; T=2048 and 4096 and
+    the T=8192 threshold were not compared, and at T=8192 14336→4096 the
+    Mosaic op was 6% slower than Triton (bf16 W).
 
     ``interpret`` always transposes x and never warp-specializes (the CPU
     interpreter has neither transposed views nor a reliable
     warp-specialized run)."""
     if int8_states:
-      if (not interpret and t >= 8192 and d_in % 128 == 0
-          and d_out % 128 == 0):
+      if (warp_specialized and not interpret and t >= 8192
+          and d_in % 128 == 0 and d_out % 128 == 0):
         return cls(block_m=128, block_n=64, max_concurrent_steps=3,
                    compute_wgs=2)
       return cls(block_m=64, block_n=128 if d_out % 128 == 0 else 64,
@@ -215,8 +221,9 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
   plus the epilogue buffers (one per W/state array and slot, per compute
   warpgroup; an int8 state's scales take an (epi_m,) fp32 row per slot,
   counted by ``num_scale_arrays``); both at once when they coexist
-  (early_epilogue, or compute_wgs=2). Mosaic GPU allocates fewer stages when
-  T has fewer token steps than ``max_concurrent_steps``."""
+  (early_epilogue, or compute_wgs=2); plus ``SMEM_SLACK``. Mosaic GPU
+  allocates fewer stages when T has fewer token steps than
+  ``max_concurrent_steps``."""
   op = jnp.dtype(operand_dtype).itemsize
   cta_n = config.block_n * config.compute_wgs
   stages = config.max_concurrent_steps * config.block_t * (
@@ -226,8 +233,16 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
   if config.early_epilogue or config.compute_wgs == 2:
-    return stages + epilogue
-  return max(stages, epilogue)
+    return stages + epilogue + SMEM_SLACK
+  return max(stages, epilogue) + SMEM_SLACK
+
+
+SMEM_SLACK = 4096
+"""Bytes :func:`smem_bytes` adds to its buffer count for barriers and
+alignment: lowered on jax 0.11.2, Mosaic GPU allocated 72–160 bytes more
+than the buffers with fp32/bf16 states and up to 2,272 more with int8 states
+(warp-specialized), where the count alone had let a tile 1,248 bytes over a
+CTA's limit through to a lowering error."""
 
 
 def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
