@@ -266,6 +266,24 @@ def test_repeated_triton_ops_lower_one_kernel(rng, monkeypatch):
   assert text.count("call @forge_fused_dw_update_triton") == 3
 
 
+def test_an_unhashable_rule_still_runs(rng):
+  # The kernels are shared per (hashable) static configuration; a user rule
+  # that cannot be hashed runs unshared rather than failing.
+  from forge_jax.rules import ElementwiseRule  # pylint: disable=g-import-not-at-top
+  rule = ElementwiseRule(name="sgd_state", state_names=["m"],
+                         hyperparam_names=("learning_rate",),
+                         direction=lambda g, p, s, hp, c: (g, s))
+  with pytest.raises(TypeError):
+    hash(rule)
+  x, dy, w, _, _ = _inputs(rng, 16, 16, 32, jnp.float32)
+  st = (jnp.asarray(rng.standard_normal((16, 32)), jnp.float32),)
+  hp = rule.pack(dict(learning_rate=0.1), 1)
+  got = fused_dw_update(x, dy, w, st, hp, rule=rule, implementation="triton",
+                        interpret=True)
+  want = fused_dw_update_reference(x, dy, w, st, hp, rule=rule)
+  assert rel_err(got[0], want[0]) < 1e-6
+
+
 @pytest.mark.parametrize("impl,interpret", BACKENDS)
 @pytest.mark.parametrize("seed", [None, 1234])
 def test_bf16_weights_match_the_reference(rng, impl, interpret, seed):

@@ -645,6 +645,18 @@ def test_shared_kernel_call_keeps_results_and_traced_offsets(rng):
   _check(traced, fused_dw_update_reference(x, dy, w, st, hp, rule=rules.ADAMW,
                                            seed=seed, index_offset=(64, 128)),
          2e-6)
+  # Python ints above int32: a seed, and beside a traced offset.
+  big = 3_000_000_000
+  want = fused_dw_update_reference(x, dy, w, st, hp, rule=rules.ADAMW,
+                                   seed=big, index_offset=(64, 2**31 + 5))
+  got = fused_dw_update(x, dy, w, st, hp, rule=rules.ADAMW, seed=big,
+                        index_offset=(64, 2**31 + 5), implementation="mosaic",
+                        interpret=True)
+  _check(got, want, 2e-6)
+  mixed = jax.jit(lambda r: fused_dw_update(
+      x, dy, w, st, hp, rule=rules.ADAMW, seed=big, index_offset=(r, 2**31 + 5),
+      implementation="mosaic", interpret=True))(jnp.int32(64))
+  _check(mixed, want, 2e-6)
 
 
 def test_shared_memory_estimate_covers_what_mosaic_allocates():

@@ -14,6 +14,7 @@ from pallas_kernels import quantization
 from pallas_kernels.fused_dw import autotune
 from pallas_kernels.fused_dw import kernel_mosaic
 from pallas_kernels.fused_dw import kernel_triton
+from pallas_kernels.fused_dw import reference
 from pallas_kernels.fused_dw.kernel_mosaic import MosaicConfig
 from pallas_kernels.fused_dw.kernel_triton import FusedDWConfig
 from pallas_kernels.fused_dw.reference import fused_dw_update_reference
@@ -251,7 +252,9 @@ def fused_dw_update(
       Each is read, updated in fp32 and written back in its own format.
     hparams: float32 vector ``[*rule.hyperparam_names, count]`` (see
       ``ElementwiseRule.pack``); traced, so changing it does not recompile.
-    rule: an ``ElementwiseRule`` (e.g. ``forge_jax.rules.ADAMW``).
+    rule: an ``ElementwiseRule`` (e.g. ``forge_jax.rules.ADAMW``). The
+      kernels trace it once per (rule, config) and share that trace across
+      calls, as ``jax.jit`` does: a rule must depend only on its arguments.
     implementation: ``'xla'`` (unfused reference), ``'triton'`` (Pallas
       Triton kernel; needs a GPU unless ``interpret``), ``'mosaic'`` (Pallas
       Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY, no folded state,
@@ -372,25 +375,30 @@ def _kernel_call(kernel, x, dy, w, state, hparams, seed, index_offset, **static)
   lowers the kernel once per module and emits calls to it (lowering a Mosaic
   kernel for CUDA takes ~0.6 s on a CPU core, a Triton kernel's lowering
   compiles it); XLA inlines the calls, so the custom calls and their
-  operand/result aliasing are as before. ``index_offset`` of Python ints
-  (which may exceed int32) stays static; traced offsets are arguments.
+  operand/result aliasing are as before. Like any ``jax.jit``, the rule is
+  traced once per static configuration: a rule must be a function of its
+  arguments (a Python global it reads is read at the first trace). The seed
+  and the offsets, used only for stochastic rounding, travel as uint32
+  arguments (a Python int may exceed int32). A rule or config that cannot be
+  hashed runs the kernel directly, unshared.
   """
-  offset = tuple(index_offset)
-  static_offset = all(isinstance(v, (int, np.integer)) for v in offset)
-  if static_offset:
-    offset = tuple(int(v) for v in offset)
-  fn = _jitted_kernel(kernel, offset if static_offset else None,
-                      tuple(sorted(static.items())))
-  return fn(x, dy, w, tuple(state), hparams, seed,
-            () if static_offset else offset)
+  seeds = (None if seed is None else
+           tuple(reference.as_uint32(v) for v in (seed, *index_offset)))
+  key = tuple(sorted(static.items()))
+  try:
+    hash(key)
+  except TypeError:
+    return kernel(x, dy, w, tuple(state), hparams, seed=seed,
+                  index_offset=index_offset, **static)
+  return _jitted_kernel(kernel, key)(x, dy, w, tuple(state), hparams, seeds)
 
 
 @functools.lru_cache(maxsize=256)
-def _jitted_kernel(kernel, static_offset, static_items):
+def _jitted_kernel(kernel, static_items):
   static = dict(static_items)
 
-  def call(x, dy, w, state, hparams, seed, traced_offset):
-    offset = static_offset if static_offset is not None else traced_offset
+  def call(x, dy, w, state, hparams, seeds):
+    seed, offset = (None, (0, 0)) if seeds is None else (seeds[0], seeds[1:])
     return kernel(x, dy, w, state, hparams, seed=seed, index_offset=offset,
                   **static)
 

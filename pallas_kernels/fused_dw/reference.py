@@ -78,6 +78,8 @@ def fused_dw_update_reference(
       lax.iota(jnp.uint32, w.shape[0]), lax.iota(jnp.uint32, w.shape[1]),
       *map(as_uint32, index_offset),
       w.shape[1] if index_width is None else index_width)
+  if seed is not None:
+    seed = as_uint32(seed)  # a Python int seed may exceed int32
   return (round_weight(new_w, w.dtype, seed, count, index),
           tuple(quantization.state_from_f32(n, s)
                 for n, s in zip(new_state, state)))
