@@ -278,6 +278,11 @@ def state_from_f32(x: jax.Array, like):
   return x.astype(like.dtype)
 
 
+def any_quantized(states) -> bool:
+  """Whether any of ``states`` is a :class:`QuantizedArray`."""
+  return any(isinstance(s, QuantizedArray) for s in states)
+
+
 def state_storage_dtype(s) -> jnp.dtype:
   """float32, bfloat16 or int8 (for a QuantizedArray)."""
   return CODE_DTYPE if isinstance(s, QuantizedArray) else jnp.dtype(s.dtype)

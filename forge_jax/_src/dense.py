@@ -257,10 +257,12 @@ class ForgeDense(nn.Module):
       plain Dense without optimizer state, in a fused step too (its kernel is
       then trained by the step's optax ``tx``).
     implementation: ``'xla'``, ``'triton'``, ``'mosaic'`` (the Mosaic GPU
-      kernel: bf16 activations, no folded state, tile-divisible shapes; see ``pallas_kernels.fused_dw.kernel_mosaic``), ``'auto'``
-      (on a GPU: Mosaic on Hopper with jax >= 0.11 where it covers the op, else Triton:
-      ``pallas_kernels.fused_dw.api.select_kernel``) or ``None`` (the fused
-      step's choice, else ``'auto'`` on a GPU and the reference elsewhere).
+      kernel: bf16 activations, no folded state, tile-divisible shapes;
+      see ``pallas_kernels.fused_dw.kernel_mosaic``), ``'auto'`` (on a GPU:
+      Mosaic on Hopper with jax >= 0.11 where it covers the op, else
+      Triton: ``pallas_kernels.fused_dw.api.select_kernel``) or ``None``
+      (the fused step's choice, else ``'auto'`` on a GPU and the reference
+      elsewhere).
     stochastic_rounding: write a bfloat16 kernel back with stochastic
       rounding (unbiased; random bits from the run's seed, this layer's
       ``rounding_seed`` variable, the step count and the element index), else
@@ -495,7 +497,7 @@ def _check_kernel_axes(where, kernel_axes, shape, state, rule):
         f"ForgeDense at {where!r}: the optimizer state {tuple(full_state)} does "
         f"not split into shards {local_state} of the kernel shards {local} "
         "(a fold block would cross a shard boundary)")
-  if any(isinstance(s, quantization.QuantizedArray) for s in state) and (
+  if quantization.any_quantized(state) and (
       local_state[1] % quantization.BLOCK_SIZE and n[1] > 1):
     raise ValueError(
         f"ForgeDense at {where!r}: int8 state needs each column shard's state "

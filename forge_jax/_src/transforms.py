@@ -237,7 +237,7 @@ def _chunk_rows(g, arrays) -> int | None:
   bit-identical in the tests), and only the fp32 temporary is one slab.
   """
   if (CHUNK_ELEMENTS is None or g.ndim < 2 or g.size < 2 * CHUNK_ELEMENTS
-      or not any(isinstance(a, quantization.QuantizedArray) for a in arrays)
+      or not quantization.any_quantized(arrays)
       or any(_sharded(x) for x in jax.tree.leaves((g, arrays)))):
     return None
   rows = max(1, CHUNK_ELEMENTS // (g.size // g.shape[0]))

@@ -127,7 +127,7 @@ def mosaic_default_config(x, dy, w, state, rule, seed,
   state overflow its shared memory), the one-warpgroup int8 tile."""
   state = tuple(state)
   config = MosaicConfig.default(x.shape[0], *w.shape, interpret=interpret,
-                                int8_states=_has_int8(state))
+                                int8_states=quantization.any_quantized(state))
   if config.compute_wgs == 2 and kernel_mosaic.unsupported_reason(
       x, dy, w, state, rule, seed, config, interpret):
     config = MosaicConfig.default(x.shape[0], *w.shape, interpret=interpret,
@@ -135,8 +135,13 @@ def mosaic_default_config(x, dy, w, state, rule, seed,
   return config
 
 
-def _has_int8(state) -> bool:
-  return any(isinstance(s, quantization.QuantizedArray) for s in state)
+def triton_min_block_n(rule, state) -> int:
+  """The narrowest Triton tile (columns of W) for this rule and states: it
+  must hold whole fold blocks (``rule.min_block_n``) and, for int8 states,
+  whole quantization blocks of its state columns."""
+  widen = rule.min_block_n // rule.state_cols(rule.min_block_n)
+  return max(rule.min_block_n, quantization.BLOCK_SIZE * widen
+             if quantization.any_quantized(state) else 16)
 
 
 def _default_platform() -> str:
@@ -342,12 +347,8 @@ def fused_dw_update(
   if config is not None and not isinstance(config, FusedDWConfig):
     raise ValueError(f"implementation='triton' needs a FusedDWConfig, got "
                      f"config={config!r}")
-  quantized = any(isinstance(s, quantization.QuantizedArray) for s in state)
-  # A tile must hold whole fold blocks (rule.min_block_n) and, for int8
-  # state, whole quantization blocks of its state columns.
-  widen = rule.min_block_n // rule.state_cols(rule.min_block_n)
-  min_block_n = max(rule.min_block_n,
-                    quantization.BLOCK_SIZE * widen if quantized else 16)
+  quantized = quantization.any_quantized(state)
+  min_block_n = triton_min_block_n(rule, state)
   if config is None:
     # A configuration tuned for this exact op (autotune.py), else the heuristic.
     config = autotune.lookup(autotune.cache_key(x, w, state, rule, seed is not None))

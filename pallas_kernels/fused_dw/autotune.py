@@ -134,9 +134,7 @@ def autotune(x, dy, w, state: Sequence, hparams, *, rule, seed=None,
   """
   from pallas_kernels.fused_dw import api  # pylint: disable=g-import-not-at-top
   state = tuple(state)
-  quantized = any(isinstance(s, quantization.QuantizedArray) for s in state)
-  widen = rule.min_block_n // rule.state_cols(rule.min_block_n)
-  min_bn = max(rule.min_block_n, quantization.BLOCK_SIZE * widen if quantized else 16)
+  min_bn = api.triton_min_block_n(rule, state)
   if configs is None:
     configs = candidates(w.shape[0], w.shape[1], min_bn)
   want = api.fused_dw_update_reference(x, dy, w, state, hparams, rule=rule, seed=seed)

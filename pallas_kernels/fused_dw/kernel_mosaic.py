@@ -36,9 +36,9 @@ kernel (4 bytes per 64 elements, each way), so that a sub-tile's scales are
 one contiguous (1, 64) row, loaded by TMA and stored back by plain stores.
 The transposed scales are updated in place; the transposes are the only
 extra traffic. The 128×128 tile measured slow with int8 states (1.29 ms at
-T=512, 4096→14336, against 0.47 for 64×128: the decode and encode do not fit
-in registers beside a 128×128 accumulator), hence their own
-:meth:`MosaicConfig.default`. Decoding and
+T=512, 4096→14336, against 0.47 for 64×128; presumably the decode and encode
+do not fit in registers beside a 128×128 accumulator, not checked with a
+profiler), hence their own :meth:`MosaicConfig.default`. Decoding and
 encoding are ``quantization.dequantize_blocks`` / ``quantize_blocks`` per
 row, in operations Mosaic GPU lowers (floor(y + 0.5) of y >= 0 as its
 truncation, the same value): bitwise equal on finite values, except where
@@ -259,8 +259,9 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     return ("compute_wgs=2 is not run in interpret mode (the CPU interpreter "
             "deadlocked intermittently on the warp-specialized layout; it is "
             "tested compiled on the GPU)")
-  quantized = any(isinstance(s, quantization.QuantizedArray) for s in state)
-  if quantized and config.epi_n != quantization.BLOCK_SIZE:
+  num_scale_arrays = sum(isinstance(s, quantization.QuantizedArray)
+                         for s in state)
+  if num_scale_arrays and config.epi_n != quantization.BLOCK_SIZE:
     return (f"int8 states need epi_n = {quantization.BLOCK_SIZE} (one "
             f"quantization block per sub-tile row); got epi_n={config.epi_n}")
   if (not callable(getattr(rule, "update", None))
@@ -273,10 +274,8 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
             f"block_m, block_n·compute_wgs = {config.block_t}, "
             f"{config.block_m}, {cta_n}")
-  tiles = [w.dtype] + [s.codes.dtype if isinstance(s, quantization.QuantizedArray)
-                       else s.dtype for s in state]
-  need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=sum(
-      isinstance(s, quantization.QuantizedArray) for s in state))
+  tiles = [w.dtype] + [quantization.state_storage_dtype(s) for s in state]
+  need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=num_scale_arrays)
   if need > SMEM_BYTES:
     return (f"the tile needs about {need} bytes of shared memory, more than "
             f"the {SMEM_BYTES} of a Hopper CTA (fewer max_concurrent_steps, "
