@@ -53,13 +53,18 @@ def test_bench_times_the_mosaic_kernel_where_in_scope(tmp_path, capsys):
     assert by_mode[mode]["mosaic_s"] > 0
   table = capsys.readouterr().out
   assert "mosaic ms" in table
-  # Out of scope (folded moments): said why, not timed.
+  # Folded moments: l = 3 in scope (checked, timed); l = 2 out of scope:
+  # said why, not timed.
   rows = bench_fused_dw.main([
-      "--shapes", "64:64x128", "--rules", "fold_adam_l3", "--modes", "fp32",
-      "--reps", "1", "--peak-size", "128", "--interpret", "--mosaic",
+      "--shapes", "64:64x128", "--rules", "fold_adam_l3,fold_adam_l2", "--modes",
+      "fp32", "--reps", "1", "--peak-size", "128", "--interpret", "--mosaic",
       "--out", str(tmp_path)])
-  assert "not elementwise" in rows[0]["mosaic_error"] and "mosaic_s" not in rows[0]
-  assert "(rule 'fold_adam_l3' is not elementwise" in capsys.readouterr().out
+  by_rule = {r["rule"]: r for r in rows}
+  assert by_rule["fold_adam_l3"]["mosaic_rel_err"] < 1e-5
+  assert by_rule["fold_adam_l3"]["mosaic_s"] > 0
+  l2 = by_rule["fold_adam_l2"]
+  assert "fold block 4 must be at least 8" in l2["mosaic_error"] and "mosaic_s" not in l2
+  assert "(rule 'fold_adam_l2': the fold block 4" in capsys.readouterr().out
 
 
 def test_bench_reports_a_mosaic_failure_and_keeps_the_row(tmp_path, capsys,

@@ -305,8 +305,58 @@ class FoldAdamRule:
     mu, nu = state
     direction, mu, nu = _fold_direction(grad, mu, nu, hp, self.block,
                                         self.nu_mode, self.residual, col_valid)
-    update = direction + hp["weight_decay"] * param
-    return param + update * (-hp["learning_rate"]), (mu, nu)
+    return _decay_and_step(direction, param, hp), (mu, nu)
+
+  def update_rows(self, grad, param, state_rows, hp, count=None):
+    """The step of :meth:`update_masked` with the folded moments as rows of
+    their transpose: the Mosaic GPU kernel's form.
+
+    Args:
+      grad, param: fp32 (rows, cols), ``cols`` a multiple of 2**l (whole
+        blocks; no edge mask).
+      state_rows: ``(mu_rows, nu_rows)``, each a tuple of cols / 2**l fp32
+        vectors of shape (rows,): entry j holds fold block j's moment for
+        every row (column j of the (rows, cols / 2**l) folded state).
+      hp: from :meth:`unpack`.
+      count: unused (the bias corrections are packed).
+
+    Returns:
+      ``(new_param, (mu_rows, nu_rows))`` in fp32, the rows as given.
+
+    Block j is :func:`fold_adam_blocks` on the (rows, 2**l) slice of the
+    gradient, the same definition as the optax transform's: only the order
+    of the 2**l-element sums may differ.
+
+    Raises:
+      ValueError: if ``cols`` is not a multiple of 2**l, or the number of
+        rows in ``state_rows`` is not cols / 2**l.
+    """
+    del count
+    block, cols = self.block, grad.shape[-1]
+    mu_rows, nu_rows = state_rows
+    if cols % block or not len(mu_rows) == len(nu_rows) == cols // block:
+      raise ValueError(
+          f"update_rows needs a tile of whole fold blocks ({block} columns) "
+          f"and one state row per block: got {cols} columns and "
+          f"{len(mu_rows)}, {len(nu_rows)} rows")
+    directions, new_mu, new_nu = [], [], []
+    for j, (mu, nu) in enumerate(zip(mu_rows, nu_rows)):
+      d, mu, nu = fold_adam_blocks(
+          grad[..., j * block:(j + 1) * block], 1.0 / block, None, mu, nu, hp,
+          nu_mode=self.nu_mode, residual=self.residual)
+      directions.append(d)
+      new_mu.append(mu)
+      new_nu.append(nu)
+    direction = (directions[0] if len(directions) == 1
+                 else jnp.concatenate(directions, axis=-1))
+    return (_decay_and_step(direction, param, hp),
+            (tuple(new_mu), tuple(new_nu)))
+
+
+def _decay_and_step(direction, param, hp):
+  """Decoupled weight decay and the learning rate, as :func:`fold_adam`."""
+  update = direction + hp["weight_decay"] * param
+  return param + update * (-hp["learning_rate"])
 
 
 def _fold_level(fold_level) -> int:

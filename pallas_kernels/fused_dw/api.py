@@ -85,8 +85,11 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   GPU (compute capability 9.x; ``compute_capability`` overrides the
   device's, for tests); jax >= 0.11 (where the kernel has run compiled;
   on 0.10 it is only lowered for CUDA in the tests); and the
-  kernel covers the op with that config (bf16 x/dY, no folded state, T/in/out
-  divisible by its tile: ``kernel_mosaic.unsupported_reason``).
+  kernel covers the op with that config (bf16 x/dY, T/in/out divisible by
+  its tile, folded moments only in fp32 or bf16 with a fold block of 8 to
+  64 columns, on a jax whose Mosaic GPU lowers concatenate:
+  ``kernel_mosaic.unsupported_reason``); and, for folded moments, an fp32
+  W with at least as many 128×128 tiles as the GPU has multiprocessors.
   ``w`` and the states not batched by ``jax.vmap`` (the vmapped Mosaic op
   works on copies of W and its states; the Triton kernel stays in place;
   a ``jax.jit`` inside the vmap hides the batching from this check, and the
@@ -102,6 +105,18 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   1.959 (14336→4096) at T=8192; the Llama-3.1-8B int8-moment step took
   126.7 ms at T=512 (``experiments/results/h200_2026-12-01e``; 173.4 ms on
   the Triton kernel in an earlier run, before other changes).
+  fold_adam (l = 3) with fp32 W and fp32 folded moments measured 0.336–0.342
+  ms on Mosaic against Triton's 0.423–0.431 at T=512, 0.587–0.607 against
+  0.673–0.683 at T=2048 and 1.585–1.661 against 1.836–1.952 at T=8192
+  (4096↔14336). With a bf16 W (stochastic rounding) and bf16 folded
+  moments, Mosaic measured 0.478 / 0.787 / 1.722 ms against Triton's
+  0.433 / 0.689 / 2.026 at T=512 / 2048 / 8192 (4096→14336), so a folded
+  rule beside a bf16 W stays on Triton. A 60M Llama (fp32 W and folded
+  moments, T=16384, widths 256–1536: 8 to 48 tiles of 128×128 for 132
+  multiprocessors) trained 9% slower per step on Mosaic (50.4 against
+  46.1 ms), so a folded rule whose W has fewer tiles than the GPU has
+  multiprocessors stays on Triton too (``experiments/results/h200_2026-12-01f``;
+  only these two regimes were measured).
   """
   if isinstance(config, MosaicConfig):  # the caller chose the kernel
     return "mosaic"
@@ -113,11 +128,19 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   cc = compute_capability or _compute_capability()
   if not cc or not cc.startswith("9") or _jax_version() < _MOSAIC_AUTO_MIN_JAX:
     return "triton"
+  if kernel_mosaic.fold_block(rule) > 1 and (
+      w.dtype != jnp.float32 or _output_tiles(w) < kernel_mosaic._num_sms()):  # pylint: disable=protected-access
+    return "triton"  # folded moments: see the docstring
   if config is None:
     config = mosaic_default_config(x, dy, w, state, rule, seed)
   reason = kernel_mosaic.unsupported_reason(x, dy, w, tuple(state), rule, seed,
                                             config)
   return "triton" if reason else "mosaic"
+
+
+def _output_tiles(w) -> int:
+  """128×128 tiles of W, rounded up."""
+  return -(-w.shape[0] // 128) * -(-w.shape[1] // 128)
 
 
 def mosaic_default_config(x, dy, w, state, rule, seed,
@@ -262,8 +285,9 @@ def fused_dw_update(
       calls, as ``jax.jit`` does: a rule must depend only on its arguments.
     implementation: ``'xla'`` (unfused reference), ``'triton'`` (Pallas
       Triton kernel; needs a GPU unless ``interpret``), ``'mosaic'`` (Pallas
-      Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY, no folded state,
-      T/in/out divisible by its tile; in
+      Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY,
+      T/in/out divisible by its tile, folded moments in fp32 or bf16 with
+      a fold block of 8 to 64 columns on jax >= 0.11; in
       place when compiled and not vmapped: see
       :mod:`pallas_kernels.fused_dw.kernel_mosaic`), ``'auto'`` (one of the
       two kernels per op on a GPU: :func:`select_kernel`; the reference

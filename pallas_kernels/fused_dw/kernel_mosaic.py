@@ -22,8 +22,31 @@ Scope (checked by :func:`unsupported_reason`; the Triton kernel covers the
 rest): bf16 x and dY, W fp32, or bf16 rounded to nearest or stochastically
 (``seed``: the bits of :func:`reference.round_weight`, from the global element
 index built from iotas in the kernel), fp32, bf16 or int8 states of an
-elementwise rule (no folded moments), and T, in, out divisible by block_t,
+elementwise rule, fp32 or bf16 folded moments of a rule with
+``update_rows`` (FOAM, below), and T, in, out divisible by block_t,
 block_m, block_n.
+
+Folded moments (FOAM inside the kernel, ``forge_jax``'s ``FoldAdamRule``,
+fold block B = 2**l of 8 to 64 columns, dividing epi_n): XLA transposes the
+(in, out / B) states to (out / B, in) around the kernel, in fp32
+(``_FOLDED_DTYPE``), so that the B-column blocks of a sub-tile's rows meet
+one contiguous (epi_n / B, epi_m) TMA box whose row j holds block j's
+moment for each of the epi_m rows. The epilogue slices the fp32 gradient
+sub-tile into its (epi_m, B) blocks, sums each along its rows (within the
+quad of threads that holds a row's 8 consecutive accumulator columns),
+updates row j of each moment and puts the per-block directions back
+together with a concatenate: ``rule.update_rows``, which is
+``fold_adam_blocks``, the definition the optax transform uses. Only the
+order of the B-element sums differs from the reference. Mosaic GPU finds no
+layout for a 4-column slice of the accumulator (so l = 2 runs on Triton)
+and jax 0.10's Mosaic GPU does not lower concatenate (the compiled kernel
+is refused there). int8 folded moments run on Triton: a quantization block
+of 64 folded columns spans 64·B columns of W, several sub-tiles. The
+transposes move 16 bytes per folded element of each state (an fp32 read
+and write each way: at l = 3 with fp32 W, half as many bytes as W's own
+read and write), and still, with fp32 W, the op measured faster than
+AdamW with fp32 states on this kernel at every Llama-3.1-8B MLP shape and T
+(``experiments/results/h200_2026-12-01f``).
 
 int8 states (``quantization.QuantizedArray``: codes plus one fp32 scale per
 64 columns of a row): the epilogue sub-tile is 64 columns wide, one
@@ -216,10 +239,12 @@ SMEM_BYTES = 227 * 1024
 
 
 def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
-               num_scale_arrays: int = 0) -> int:
+               num_scale_arrays: int = 0, fold_block: int = 1) -> int:
   """Shared memory of one CTA, an upper bound: the token pipeline's stages
   plus the epilogue buffers (one per W/state array and slot, per compute
-  warpgroup; an int8 state's scales take an (epi_m,) fp32 row per slot,
+  warpgroup; ``array_dtypes`` = W's, then the states'; a folded state
+  (``fold_block`` > 1) takes epi_n / fold_block columns; an int8 state's
+  scales take an (epi_m,) fp32 row per slot,
   counted by ``num_scale_arrays``); both at once when they coexist
   (early_epilogue, or compute_wgs=2); plus ``SMEM_SLACK``. Mosaic GPU
   allocates fewer stages when T has fewer token steps than
@@ -228,8 +253,11 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
   cta_n = config.block_n * config.compute_wgs
   stages = config.max_concurrent_steps * config.block_t * (
       config.block_m + cta_n) * op
+  w_dtype, *state_dtypes = array_dtypes
   per_slot = config.epi_m * (
-      config.epi_n * sum(jnp.dtype(d).itemsize for d in array_dtypes)
+      config.epi_n * jnp.dtype(w_dtype).itemsize
+      + config.epi_n // fold_block * sum(jnp.dtype(d).itemsize
+                                         for d in state_dtypes)
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
   if config.early_epilogue or config.compute_wgs == 2:
@@ -243,6 +271,21 @@ alignment: lowered on jax 0.11.2, Mosaic GPU allocated 72–160 bytes more
 than the buffers with fp32/bf16 states and up to 2,272 more with int8 states
 (warp-specialized), where the count alone had let a tile 1,248 bytes over a
 CTA's limit through to a lowering error."""
+
+
+MIN_FOLD_BLOCK = 8
+"""The narrowest fold block (2**l columns) the kernel's epilogue sums: a
+block is summed within the four threads of a quad that hold a row's 8
+consecutive accumulator columns; Mosaic GPU's layout inference finds no
+layout for a 4-column slice of the wgmma accumulator (jax 0.11.2)."""
+
+
+def fold_block(rule) -> int:
+  """2**l for a folded-moment rule that the kernel runs (one with
+  ``update_rows``, e.g. ``forge_jax``'s ``FoldAdamRule``), else 1."""
+  if callable(getattr(rule, "update_rows", None)):
+    return int(rule.block)
+  return 1
 
 
 def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
@@ -264,9 +307,24 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
   if num_scale_arrays and config.epi_n != quantization.BLOCK_SIZE:
     return (f"int8 states need epi_n = {quantization.BLOCK_SIZE} (one "
             f"quantization block per sub-tile row); got epi_n={config.epi_n}")
-  if (not callable(getattr(rule, "update", None))
-      or rule.state_cols(config.block_n) != config.block_n):
-    return f"rule {rule.name!r} is not elementwise (folded state)"
+  fold = fold_block(rule)
+  if callable(getattr(rule, "update_rows", None)):
+    if not interpret and not _lowers(lax.concatenate_p):
+      return (f"rule {rule.name!r}: this jax's Mosaic GPU does not lower "
+              "concatenate, which the folded epilogue needs (jax >= 0.11 "
+              "does); folded moments run on the Triton kernel")
+    if num_scale_arrays:
+      return (f"rule {rule.name!r}: int8 folded moments run on the Triton "
+              "kernel (a quantization block of folded columns spans "
+              "several epilogue sub-tiles)")
+    if fold < MIN_FOLD_BLOCK or config.epi_n % fold:
+      return (f"rule {rule.name!r}: the fold block {fold} must be at least "
+              f"{MIN_FOLD_BLOCK} and divide epi_n={config.epi_n} "
+              "(smaller fold levels run on the Triton kernel)")
+  elif (not callable(getattr(rule, "update", None))
+        or rule.state_cols(config.block_n) != config.block_n):
+    return (f"rule {rule.name!r} is neither elementwise nor a folded rule "
+            "with update_rows")
   t, d_in = x.shape
   d_out = dy.shape[1]
   cta_n = config.block_n * config.compute_wgs
@@ -274,8 +332,10 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
             f"block_m, block_n·compute_wgs = {config.block_t}, "
             f"{config.block_m}, {cta_n}")
-  tiles = [w.dtype] + [quantization.state_storage_dtype(s) for s in state]
-  need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=num_scale_arrays)
+  tiles = [w.dtype] + [jnp.float32 if fold > 1 else  # see _FOLDED_DTYPE
+                       quantization.state_storage_dtype(s) for s in state]
+  need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=num_scale_arrays,
+                    fold_block=fold)
   if need > SMEM_BYTES:
     return (f"the tile needs about {need} bytes of shared memory, more than "
             f"the {SMEM_BYTES} of a Hopper CTA (fewer max_concurrent_steps, "
@@ -312,22 +372,33 @@ def _split_rule(rule, tile_shape: tuple[int, int],
   from pallas_kernels.fused_dw import reference  # pylint: disable=g-import-not-at-top
   n = len(rule.state_names)
   sr = round_to is not None
+  fold = fold_block(rule)
+  k = tile_shape[1] // fold  # state rows per state of a folded rule
+  num_state = n * k if fold > 1 else n
 
   def update(grad, w, *rest):
-    state, rest = rest[:n], rest[n:]
+    state, rest = rest[:num_state], rest[num_state:]
     if sr:
       rows, cols, hp_vec, seeds = rest
     else:
       (hp_vec,) = rest
     hp, count = rule.unpack(hp_vec)
-    new_w, new_state = rule.update(grad, w, tuple(state), hp, count)
+    if fold > 1:  # each state as k rows of its transpose (update_rows)
+      new_w, new_rows = rule.update_rows(
+          grad, w, tuple(tuple(state[i * k:(i + 1) * k]) for i in range(n)),
+          hp, count)
+      new_state = [v for r in new_rows for v in r]
+    else:
+      new_w, new_state = rule.update(grad, w, tuple(state), hp, count)
     if sr:
       index = (rows + seeds[1]) * jnp.uint32(index_width) + (cols + seeds[2])
       new_w = reference.round_weight(new_w, round_to, seeds[0], count, index)
     return (new_w, *new_state)
 
   tile = jax.ShapeDtypeStruct(tile_shape, jnp.float32)
-  avals = [tile, tile, *([tile] * n)]
+  state_aval = (jax.ShapeDtypeStruct(tile_shape[:1], jnp.float32) if fold > 1
+                else tile)
+  avals = [tile, tile, *([state_aval] * num_state)]
   if sr:
     avals += [jax.ShapeDtypeStruct(tile_shape, jnp.uint32)] * 2
   avals.append(jax.ShapeDtypeStruct((rule.num_hyperparams,), jnp.float32))
@@ -388,16 +459,25 @@ def _select_n_broadcast(pred, *cases, **params):
   return lax.select_n(pred, *cases)
 
 
-def _missing_lowerings() -> dict:
-  """Replacements for primitives this jax's Mosaic GPU cannot lower."""
-  replace = {lax.select_n_p: _select_n_broadcast}
+def _wg_lowering_rules():
+  """This jax's Mosaic GPU lowering rules in warpgroup semantics, or None."""
   try:
     from jax._src.pallas.mosaic_gpu import core as gpu_core  # pylint: disable=g-import-not-at-top
     from jax._src.pallas.mosaic_gpu import lowering  # pylint: disable=g-import-not-at-top
-    rules = lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+    return lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
   except (ImportError, AttributeError, KeyError):  # pragma: no cover
-    return replace
-  if lax.sqrt_p not in rules:
+    return None
+
+
+def _lowers(primitive) -> bool:
+  rules = _wg_lowering_rules()
+  return rules is not None and primitive in rules
+
+
+def _missing_lowerings() -> dict:
+  """Replacements for primitives this jax's Mosaic GPU cannot lower."""
+  replace = {lax.select_n_p: _select_n_broadcast}
+  if _wg_lowering_rules() is not None and not _lowers(lax.sqrt_p):
     replace[lax.sqrt_p] = _sqrt_via_rsqrt
   return replace
 
@@ -525,16 +605,25 @@ def _index_tiles(split: _SplitRule, shape, origin):
 class _Layout:
   """Where W and each state sit among the kernel's flat arrays: W is array
   0; a plain state is ``(index,)``, an int8 state ``(codes_index,
-  scale_index, nonnegative)``; ``is_scale[a]`` marks scale arrays."""
+  scale_index, nonnegative)``; ``is_scale[a]`` marks scale arrays. With
+  ``fold_block`` > 1 every (plain) state is folded and passed transposed,
+  (out / fold_block, in)."""
   states: tuple
   is_scale: tuple
+  fold_block: int = 1
 
   @property
   def tile_arrays(self) -> list:
     return [a for a, sc in enumerate(self.is_scale) if not sc]
 
+  def kind(self, a: int) -> str:
+    """'tile' (W, int8 codes, plain states), 'scale' or 'fold'."""
+    if self.is_scale[a]:
+      return "scale"
+    return "fold" if a and self.fold_block > 1 else "tile"
 
-def _layout(state) -> _Layout:
+
+def _layout(state, fold: int = 1) -> _Layout:
   states, is_scale = [], [False]
   for st in state:
     if isinstance(st, quantization.QuantizedArray):
@@ -543,7 +632,7 @@ def _layout(state) -> _Layout:
     else:
       states.append((len(is_scale),))
       is_scale.append(False)
-  return _Layout(tuple(states), tuple(is_scale))
+  return _Layout(tuple(states), tuple(is_scale), fold)
 
 
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
@@ -563,6 +652,7 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   n_arr = len(bufs)
   tiles = layout.tile_arrays
   sqrt = _missing_lowerings().get(lax.sqrt_p, jnp.sqrt)
+  fold_rows = en // layout.fold_block if layout.fold_block > 1 else 0
   pending_ok = config.epi_slots - _AHEAD  # store groups that may stay in flight
   for s, (i, j) in enumerate(subs):
     slot = s % config.epi_slots
@@ -573,6 +663,10 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
     w = here(0)[...].astype(jnp.float32)
     state = []
     for entry in layout.states:
+      if fold_rows:  # row r: fold block r's moments of the sub-tile's rows
+        state += [here(entry[0])[r, :].astype(jnp.float32)
+                  for r in range(fold_rows)]
+        continue
       values = here(entry[0])[...].astype(jnp.float32)
       if len(entry) == 3:
         values = quantization.dequantize_blocks(values, here(entry[1])[0, :],
@@ -583,6 +677,12 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
         split, scalar_ref, grad, w, tuple(state),
         index_tiles=_index_tiles(split, (em, en), (row0, col0)))
     here(0)[...] = new_w.astype(bufs[0].dtype)
+    if fold_rows:
+      for i, entry in enumerate(layout.states):
+        for r in range(fold_rows):
+          here(entry[0])[r, :] = new_state[i * fold_rows + r].astype(
+              bufs[entry[0]].dtype)
+      new_state = ()
     for entry, v in zip(layout.states, new_state):
       if len(entry) == 3:
         v, scale = quantization.quantize_blocks(v, entry[2], sqrt)
@@ -595,34 +695,47 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
     for a in tiles:
       # One bulk group per sub-tile (committed with its last array).
       plgpu.copy_smem_to_gmem(
-          here(a), _sub_window(out_refs[a], (row0, col0), config),
+          here(a), _sub_window(out_refs[a], (row0, col0), config,
+                               layout.kind(a), layout.fold_block),
           commit_group=a == tiles[-1])
     if s + _AHEAD < len(subs):
       plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
       load_sub(s + _AHEAD)
 
 
-def _sub_window(ref, origin, config: MosaicConfig, is_scale: bool = False):
+def _sub_window(ref, origin, config: MosaicConfig, kind: str = "tile",
+                fold: int = 1):
   """The HBM window of the epilogue sub-tile whose first W element is at
-  ``origin`` (row, col): (epi_m, epi_n) of W or a state, or for transposed
-  scales (blocks, in) the (1, epi_m) row holding its scales (its 64 columns
-  are one block)."""
+  ``origin`` (row, col): (epi_m, epi_n) of W or a state (``kind='tile'``);
+  for transposed scales (blocks, in) the (1, epi_m) row holding its scales
+  (its 64 columns are one block; ``'scale'``); for a transposed folded
+  state (out / fold, in) its (epi_n / fold, epi_m) rows (``'fold'``)."""
   row0, col0 = origin
-  if is_scale:
+  if kind == "scale":
     return ref.at[pl.ds(col0 // quantization.BLOCK_SIZE, 1),
+                  pl.ds(row0, config.epi_m)]
+  if kind == "fold":
+    return ref.at[pl.ds(col0 // fold, config.epi_n // fold),
                   pl.ds(row0, config.epi_m)]
   return ref.at[pl.ds(row0, config.epi_m), pl.ds(col0, config.epi_n)]
 
 
 def _epilogue_buffers(in_refs, layout: _Layout, config: MosaicConfig, lead=()):
   """Shared-memory slots of the epilogue: a (em, en) tile per array, a
-  (1, em) fp32 row per scale array."""
+  (1, em) fp32 row per scale array, (en / fold, em) rows per folded state."""
   em, en = config.epi_m, config.epi_n
-  return [plgpu.SMEM((*lead, config.epi_slots, 1, em), jnp.float32)
-          if sc else
-          plgpu.SMEM((*lead, config.epi_slots, em, en), r.dtype,
-                     transforms=_smem_transforms(en, r.dtype))
-          for r, sc in zip(in_refs, layout.is_scale)]
+  slots = (*lead, config.epi_slots)
+  bufs = []
+  for a, r in enumerate(in_refs):
+    kind = layout.kind(a)
+    if kind == "scale":
+      bufs.append(plgpu.SMEM((*slots, 1, em), jnp.float32))
+    elif kind == "fold":
+      bufs.append(plgpu.SMEM((*slots, en // layout.fold_block, em), r.dtype))
+    else:
+      bufs.append(plgpu.SMEM((*slots, em, en), r.dtype,
+                             transforms=_smem_transforms(en, r.dtype)))
+  return bufs
 
 
 def _io_refs(refs, n_arr: int, in_place: bool):
@@ -651,7 +764,8 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
   def load_sub(bufs, barriers, s):
     for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-      src = _sub_window(ref, origin(s), config, layout.is_scale[a])
+      src = _sub_window(ref, origin(s), config, layout.kind(a),
+                        layout.fold_block)
       plgpu.copy_gmem_to_smem(src, buf.at[s % slots],
                               barriers.at[slots * a + s % slots])
 
@@ -764,7 +878,8 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
       def load_sub(s):
         for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-          src = _sub_window(ref, origin(s), config, layout.is_scale[a])
+          src = _sub_window(ref, origin(s), config, layout.kind(a),
+                            layout.fold_block)
           plgpu.copy_gmem_to_smem(src, buf.at[wg, s % slots], barrier(a, s))
 
       def context(eval_pipeline):
@@ -815,6 +930,18 @@ def interpret_params():
   return _interpret_params.InterpretGPUParams()
 
 
+_FOLDED_DTYPE = jnp.float32
+"""Folded states enter the kernel transposed, (out / 2**l, in), and in fp32:
+XLA's transpose converts a bf16 state on the way in and rounds it to nearest
+on the way out (the rounding the kernel would otherwise apply: the same
+results), and the kernel reads and writes fp32 rows. Measured with bf16 W
+(stochastic rounding) and bf16 folded moments, 4096→14336, in one run:
+0.478 / 0.787 / 1.722 ms at T=512 / 2048 / 8192 with fp32 rows against
+0.459 / 0.834 / 1.781 with bf16 rows; an earlier run of the bf16 rows gave
+0.464 / 0.832 / 2.218, so the two are within run-to-run spread
+(``experiments/results/h200_2026-12-01f/bench``)."""
+
+
 def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
                            config: MosaicConfig, interpret: bool, seed=None,
                            index_offset=(0, 0), index_width=None):
@@ -836,11 +963,12 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   if sr:  # as the Triton kernel: [seed, row0, col0] of this (shard of) W
     seeds = jnp.stack([reference.as_uint32(v) for v in (seed, *index_offset)])
   scalars = _hoisted_scalars(split, hparams, seeds)
-  layout = _layout(state)
+  fold = fold_block(rule)
+  layout = _layout(state, fold)
   arrays = [w]
   for st in state:  # an int8 state's scales go in transposed: (blocks, in)
     arrays += ([st.codes, st.scale.T] if isinstance(st, quantization.QuantizedArray)
-               else [st])
+               else [st.T.astype(_FOLDED_DTYPE) if fold > 1 else st])
   num_tiles = (w.shape[0] // config.block_m) * (w.shape[1] // config.block_n)
   params = plgpu.CompilerParams(
       lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
@@ -896,5 +1024,6 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
       new_state.append(quantization.QuantizedArray(
           outs[entry[0]], outs[entry[1]].T, st.nonnegative))
     else:
-      new_state.append(outs[entry[0]])
+      new_state.append(outs[entry[0]].T.astype(st.dtype) if fold > 1
+                       else outs[entry[0]])
   return outs[0], tuple(new_state)
