@@ -235,7 +235,9 @@ def test_mosaic_kernel_equals_the_optax_transform_for_5_steps(rng, fold_level,
     (3, jnp.bfloat16, jnp.bfloat16, 11, MosaicConfig(block_m=64, block_n=128,
                                                      epi_slots=3)),
     (5, jnp.float32, jnp.float32, None, MosaicConfig(block_m=128, block_n=128)),
-], ids=["fp32W-bf16state", "bf16W-SR", "bf16-all-3slots", "128x128"])
+    (7, jnp.float32, jnp.float32, None, MosaicConfig(block_m=64, block_n=128,
+                                                     epi_n=128)),
+], ids=["fp32W-bf16state", "bf16W-SR", "bf16-all-3slots", "128x128", "l7-epi128"])
 def test_mosaic_kernel_storage_formats_match_reference(rng, fold_level, w_dtype,
                                                        state_dtype, seed, config,
                                                        interpret):

@@ -257,8 +257,8 @@ class ForgeDense(nn.Module):
       plain Dense without optimizer state, in a fused step too (its kernel is
       then trained by the step's optax ``tx``).
     implementation: ``'xla'``, ``'triton'``, ``'mosaic'`` (the Mosaic GPU
-      kernel: bf16 activations, tile-divisible shapes, no int8 folded
-      moments;
+      kernel: bf16 activations, tile-divisible shapes; folded moments
+      in fp32 or bf16 with fold_level >= 3;
       see ``pallas_kernels.fused_dw.kernel_mosaic``), ``'auto'`` (on a GPU:
       Mosaic on Hopper with jax >= 0.11 where it covers the op, else
       Triton: ``pallas_kernels.fused_dw.api.select_kernel``) or ``None``

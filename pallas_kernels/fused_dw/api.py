@@ -86,8 +86,9 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   device's, for tests); jax >= 0.11 (where the kernel has run compiled;
   on 0.10 it is only lowered for CUDA in the tests); and the
   kernel covers the op with that config (bf16 x/dY, T/in/out divisible by
-  its tile, folded moments only in fp32 or bf16 with a fold block of 8 to
-  64 columns, on a jax whose Mosaic GPU lowers concatenate:
+  its tile, folded moments only in fp32 or bf16 with a fold block of at
+  least 8 columns that divides the sub-tile's epi_n (64 in the default
+  tiles), on a jax whose Mosaic GPU lowers concatenate:
   ``kernel_mosaic.unsupported_reason``); and, for folded moments, an fp32
   W with at least as many 128×128 tiles as the GPU has multiprocessors.
   ``w`` and the states not batched by ``jax.vmap`` (the vmapped Mosaic op
@@ -287,7 +288,8 @@ def fused_dw_update(
       Triton kernel; needs a GPU unless ``interpret``), ``'mosaic'`` (Pallas
       Mosaic GPU kernel, TMA + wgmma, Hopper; bf16 x/dY,
       T/in/out divisible by its tile, folded moments in fp32 or bf16 with
-      a fold block of 8 to 64 columns on jax >= 0.11; in
+      a fold block of at least 8 columns dividing ``config.epi_n``,
+      compiled on jax >= 0.11 (interpret mode on any); in
       place when compiled and not vmapped: see
       :mod:`pallas_kernels.fused_dw.kernel_mosaic`), ``'auto'`` (one of the
       two kernels per op on a GPU: :func:`select_kernel`; the reference

@@ -27,7 +27,8 @@ elementwise rule, fp32 or bf16 folded moments of a rule with
 block_m, block_n.
 
 Folded moments (FOAM inside the kernel, ``forge_jax``'s ``FoldAdamRule``,
-fold block B = 2**l of 8 to 64 columns, dividing epi_n): XLA transposes the
+fold block B = 2**l of at least 8 columns, dividing epi_n (64 by default,
+so l = 3 to 6 with the default tiles)): XLA transposes the
 (in, out / B) states to (out / B, in) around the kernel, in fp32
 (``_FOLDED_DTYPE``), so that the B-column blocks of a sub-tile's rows meet
 one contiguous (epi_n / B, epi_m) TMA box whose row j holds block j's
@@ -42,9 +43,9 @@ layout for a 4-column slice of the accumulator (so l = 2 runs on Triton)
 and jax 0.10's Mosaic GPU does not lower concatenate (the compiled kernel
 is refused there). int8 folded moments run on Triton: a quantization block
 of 64 folded columns spans 64·B columns of W, several sub-tiles. The
-transposes move 16 bytes per folded element of each state (an fp32 read
-and write each way: at l = 3 with fp32 W, half as many bytes as W's own
-read and write), and still, with fp32 W, the op measured faster than
+transposes move 16 bytes per folded element of an fp32 state (an fp32 read
+and write each way; 12 for a bf16 one): at l = 3 with fp32 W and moments,
+half as many bytes as W's own read and write; and still, with fp32 W, the op measured faster than
 AdamW with fp32 states on this kernel at every Llama-3.1-8B MLP shape and T
 (``experiments/results/h200_2026-12-01f``).
 
