@@ -348,3 +348,23 @@ def test_auto_keeps_folded_moments_beside_a_bf16_weight_on_triton(rng):
         (sds(rule.state_shape((d_in, d_out)), jnp.float32),) * 2, rule, None,
         compute_capability="9.0")
     assert got == ("mosaic" if many and compiled else "triton"), (d_in, d_out)
+
+
+@pytest.mark.parametrize("count", [0, -1, 0.5, float("nan")])
+def test_fold_rule_refuses_a_count_below_one(count):
+  # 1 - b**0 = 0: the bias corrections would divide by zero (-inf weights).
+  rule = fj.fold_adam(1e-2, fold_level=3).rule
+  with pytest.raises(ValueError, match="1-based number of this update"):
+    _hp(rule, count)
+  assert bool(jnp.all(jnp.isfinite(_hp(rule, 1))))
+
+
+def test_compiled_mosaic_fold_without_a_gpu_says_so_first(rng, monkeypatch):
+  # The missing GPU, not a scope reason of this jax (concatenate on 0.10).
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  x, dy = _mosaic_inputs(rng, (64, 64, 128))
+  rule = FoldAdamRule(3)
+  w = jnp.zeros((64, 128))
+  with pytest.raises(RuntimeError, match="needs a GPU backend.*interpret=True"):
+    fused_dw_update(x, dy, w, (jnp.zeros(rule.state_shape(w.shape)),) * 2,
+                    _hp(rule), rule=rule, implementation="mosaic")

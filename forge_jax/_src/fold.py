@@ -273,7 +273,12 @@ class FoldAdamRule:
     ``1 - b`` is formed from the raw value (double precision for a Python
     float) and the bias corrections by :func:`bias_corrections` from the
     integer ``count``, exactly as the optax transform computes them.
+
+    Raises:
+      ValueError: as :meth:`hyperparams_f32`, or for a concrete ``count``
+        below 1 or NaN (the bias corrections divide by 1 - b**count).
     """
+    rules_lib.check_count(count)
     hp = self.hyperparams_f32(hyperparams)
     b1, b2 = hyperparams["b1"], hyperparams["b2"]
     count_i = jnp.asarray(count).astype(jnp.int32)

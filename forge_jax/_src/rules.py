@@ -158,15 +158,21 @@ class ElementwiseRule:
       ValueError: as :meth:`hyperparams_f32`, or for a concrete ``count``
         below 1 or NaN (a traced count is not checked).
     """
-    if not isinstance(count, jax.core.Tracer):
-      c = np.asarray(count)
-      if c.size == 1 and not float(c.reshape(())) >= 1:  # NaN too
-        raise ValueError(
-            f"count={float(c.reshape(())):g}: the 1-based number of this update is "
-            "expected (1 on the first step, optax's count after its increment)")
+    check_count(count)
     hp = self.hyperparams_f32(hyperparams)
     return jnp.stack([hp[n] for n in self.packed_names]
                      + [jnp.asarray(count, jnp.float32)])
+
+
+def check_count(count: Any) -> None:
+  """Raises ValueError for a concrete ``count`` below 1 or NaN (the 1-based
+  number of an update); a traced count is not checked."""
+  if not isinstance(count, jax.core.Tracer):
+    c = np.asarray(count)
+    if c.size == 1 and not float(c.reshape(())) >= 1:  # NaN too
+      raise ValueError(
+          f"count={float(c.reshape(())):g}: the 1-based number of this update is "
+          "expected (1 on the first step, optax's count after its increment)")
 
 
 def _real_scalar(name: str, value: Any) -> Array:

@@ -349,7 +349,9 @@ def fused_dw_update(
                          interpret=interpret)
   if impl == "mosaic":
     # Checked before the empty-operand shortcut: 'mosaic' refuses what it
-    # does not cover even where no kernel would run.
+    # does not cover even where no kernel would run. No GPU (and no
+    # interpret) is said first: it is the reason whatever the op.
+    _require_gpu(impl, interpret)
     if config is None:
       config = mosaic_default_config(x, dy, w, state, rule, seed, interpret)
     if not isinstance(config, MosaicConfig):
@@ -359,7 +361,6 @@ def fused_dw_update(
                                               config, interpret)
     if reason:
       raise ValueError(f"implementation='mosaic': {reason}")
-    _require_gpu(impl, interpret)
   if impl == "xla" or x.size == 0 or w.size == 0:
     # Empty operands (T = 0: dW = 0; or an empty W) need no kernel launch.
     return fused_dw_update_reference(x, dy, w, state, hparams, rule=rule,

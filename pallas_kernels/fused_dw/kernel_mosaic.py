@@ -312,8 +312,10 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
   if callable(getattr(rule, "update_rows", None)):
     if not interpret and not _lowers(lax.concatenate_p):
       return (f"rule {rule.name!r}: this jax's Mosaic GPU does not lower "
-              "concatenate, which the folded epilogue needs (jax >= 0.11 "
-              "does); folded moments run on the Triton kernel")
+              "concatenate, which the compiled folded epilogue needs (jax "
+              ">= 0.11 lowers it; interpret mode runs on any jax; "
+              "implementation='triton' or 'auto' runs folded moments on the "
+              "Triton kernel)")
     if num_scale_arrays:
       return (f"rule {rule.name!r}: int8 folded moments run on the Triton "
               "kernel (a quantization block of folded columns spans "
