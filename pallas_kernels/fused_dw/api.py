@@ -321,8 +321,9 @@ def fused_dw_update(
       with int8 state or of the rule's fold block, a
       config of the other kernel, or an op outside the Mosaic kernel's scope
       (the message says which condition).
-    RuntimeError: for ``implementation='triton'`` without a GPU and without
-      ``interpret``.
+    RuntimeError: for ``implementation='triton'`` or ``'mosaic'`` without a
+      GPU and without ``interpret`` (for ``'mosaic'`` before any scope
+      reason).
   """
   state = tuple(state)
   _check_args(x, dy, w, state, hparams, rule, seed)
