@@ -281,12 +281,15 @@ consecutive accumulator columns; Mosaic GPU's layout inference finds no
 layout for a 4-column slice of the wgmma accumulator (jax 0.11.2)."""
 
 
+def is_folded(rule) -> bool:
+  """Whether ``rule`` keeps folded moments in the kernel's form (it has
+  ``update_rows``, e.g. ``forge_jax``'s ``FoldAdamRule``)."""
+  return callable(getattr(rule, "update_rows", None))
+
+
 def fold_block(rule) -> int:
-  """2**l for a folded-moment rule that the kernel runs (one with
-  ``update_rows``, e.g. ``forge_jax``'s ``FoldAdamRule``), else 1."""
-  if callable(getattr(rule, "update_rows", None)):
-    return int(rule.block)
-  return 1
+  """2**l for a folded-moment rule (:func:`is_folded`), else 1."""
+  return int(rule.block) if is_folded(rule) else 1
 
 
 def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
@@ -309,7 +312,7 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     return (f"int8 states need epi_n = {quantization.BLOCK_SIZE} (one "
             f"quantization block per sub-tile row); got epi_n={config.epi_n}")
   fold = fold_block(rule)
-  if callable(getattr(rule, "update_rows", None)):
+  if is_folded(rule):
     if not interpret and not _lowers(lax.concatenate_p):
       return (f"rule {rule.name!r}: this jax's Mosaic GPU does not lower "
               "concatenate, which the compiled folded epilogue needs (jax "
@@ -480,7 +483,8 @@ def _lowers(primitive) -> bool:
 def _missing_lowerings() -> dict:
   """Replacements for primitives this jax's Mosaic GPU cannot lower."""
   replace = {lax.select_n_p: _select_n_broadcast}
-  if _wg_lowering_rules() is not None and not _lowers(lax.sqrt_p):
+  rules = _wg_lowering_rules()
+  if rules is not None and lax.sqrt_p not in rules:
     replace[lax.sqrt_p] = _sqrt_via_rsqrt
   return replace
 
