@@ -5,7 +5,9 @@ For a published architecture (``forge_jax.models.llama`` presets
 and compute) and T tokens per step (batch 1), each variant is built, compiled
 and run in its own process, and reports XLA's ``memory_analysis()``
 (arguments, outputs, aliased, temp), the live ``peak_bytes_in_use`` after 3
-steps, the median step time and tokens/s:
+steps, the median step time and tokens/s, and the seconds spent building the
+model and state, lowering the step and compiling it (a variant that runs out
+of ``--timeout`` is reported with the phase it was in):
 
 * ``optax``: flax Dense everywhere, ``optax.adamw`` with bf16 params and bf16
   moments, params and state donated;
@@ -47,6 +49,26 @@ from experiments import _runs
 GiB = 1024**3
 OPTIMIZERS = ("optax", "forge-bf16", "forge-int8", "forge-fold-int8")
 LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
+
+
+PHASE = "PHASE"
+"""Prefix of the lines a variant's process prints as it finishes a phase
+(``init``: model and state; ``lower``: tracing and lowering the step;
+``compile``: XLA's compile), with the seconds it took."""
+
+
+def timeout_error(timeout: int, stdout) -> str:
+  """The error of a variant killed after ``timeout`` s: which phases it
+  finished (with their seconds), from the ``PHASE`` lines of its output."""
+  if isinstance(stdout, bytes):
+    stdout = stdout.decode(errors="replace")
+  done = [line.split()[1:3] for line in (stdout or "").splitlines()
+          if line.startswith(PHASE + " ") and len(line.split()) == 3]
+  order = ("init", "lower", "compile", "steps")
+  running = order[len(done)] if len(done) < len(order) else "steps"
+  finished = ", ".join(f"{n} {sec} s" for n, sec in done)
+  return (f"timeout after {timeout} s in {running}"
+          + (f" ({finished} done)" if finished else ""))
 
 
 MEM_FRACTION = "0.97"
@@ -116,6 +138,16 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   model = llama.Llama(cfg, dense_cls=dense, head_cls=head)
   batch = jax.random.randint(jax.random.key(1), (1, tokens + 1), 0, cfg.vocab_size)
   batch = (batch[:, :-1], batch[:, 1:])
+  phases = {}
+  t_phase = time.perf_counter()
+
+  def phase(name):  # seconds per phase; printed so a timeout can name it
+    nonlocal t_phase
+    now = time.perf_counter()
+    phases[name] = now - t_phase
+    t_phase = now
+    print(f"{PHASE} {name} {phases[name]:.1f}", flush=True)
+
   init = jax.jit(model.init)
   if mesh is not None:  # straight into the shards: no whole copy on a device
     shapes = jax.eval_shape(model.init, jax.random.key(0), batch[0])
@@ -126,6 +158,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
   del variables
   jax.block_until_ready(state)
+  phase("init")
 
   def peak_bytes():  # the largest device's peak so far (None off the GPU)
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
@@ -152,9 +185,9 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
                               implementation=implementation)
     with in_mesh():
       lowered = step.lower(state, batch)
-  t_compile = time.perf_counter()
+  phase("lower")
   compiled = lowered.compile()
-  compile_s = time.perf_counter() - t_compile
+  phase("compile")
   ma = compiled.memory_analysis()
   analysis = {k: int(getattr(ma, k, 0) or 0) for k in (
       "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
@@ -180,7 +213,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=peak_bytes(), step_s=median,
               tokens_per_s=tokens / median, loss=float(m["loss"]),
-              compile_s=compile_s,
+              compile_s=phases["compile"], init_s=phases["init"],
+              lower_s=phases["lower"],
               init_peak_bytes=init_peak,
               device=jax.devices()[0].device_kind, jax=jax.__version__)
 
@@ -208,13 +242,13 @@ def print_table(rows: list[dict]) -> None:
   print(f"\n{', '.join(models)}: batch 1 × T tokens, bf16 params and compute")
   print("| model | TP | T | optimizer | layout | args GiB | temp GiB | alias GiB | live peak GiB | "
         "params GiB | opt state GiB | peak - args GiB | init peak GiB | "
-        "step ms | tokens/s |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "step ms | tokens/s | init / lower / compile s |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     layout = _layout_label(r)
     if "error" in r:
       print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
-            f"{layout} | {r['error']} | | | | | | | | | |")
+            f"{layout} | {r['error']} | | | | | | | | | | |")
       continue
     g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
     # What the peak holds besides the step's arguments (this device's
@@ -226,7 +260,13 @@ def print_table(rows: list[dict]) -> None:
           f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
           f"{g('optimizer_state_bytes')} | {rest} | {g('init_peak_bytes')} | "
           f"{r['step_s'] * 1e3:.1f} | "
-          f"{r['tokens_per_s']:,.0f} |")
+          f"{r['tokens_per_s']:,.0f} | {_phase_seconds(r)} |")
+
+
+def _phase_seconds(row: dict) -> str:
+  """'init / lower / compile' seconds (rows before stop 18: compile only)."""
+  return " / ".join("n/a" if row.get(k) is None else f"{row[k]:.1f}"
+                    for k in ("init_s", "lower_s", "compile_s"))
 
 
 def main(argv=None):
@@ -297,8 +337,8 @@ def main(argv=None):
           row = (json.loads(line[-1][7:]) if line else dict(
               variant, error=(err or proc.stderr.strip().splitlines()
                               or ["?"])[-1][:300]))
-        except subprocess.TimeoutExpired:
-          row = dict(variant, error=f"timeout after {a.timeout} s")
+        except subprocess.TimeoutExpired as e:
+          row = dict(variant, error=timeout_error(a.timeout, e.stdout))
         rows.append(row)
         print(json.dumps(row), flush=True)
   print_table(rows)

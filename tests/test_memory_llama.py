@@ -15,6 +15,7 @@ def test_variants_run_and_report_memory_and_state():
   for row in (optax_row, int8_row):
     assert row["temp_size_in_bytes"] > 0 and row["argument_size_in_bytes"] > 0
     assert row["step_s"] > 0 and row["loss"] == row["loss"]  # finite, not NaN
+    assert all(row[k] > 0 for k in ("init_s", "lower_s", "compile_s"))
   # bf16 Adam moments: 2 bytes x 2 per param; int8 folded (l=3) moments for the
   # projections and int8 for the rest: well under a quarter of that.
   assert int8_row["optimizer_state_bytes"] < 0.3 * optax_row["optimizer_state_bytes"]
@@ -50,3 +51,13 @@ def test_variant_processes_may_use_the_whole_card(monkeypatch, tmp_path):
   memory_llama.main(argv)
   assert seen == ["0.97", "0.5"]
   assert rows[0]["error"] == "ValueError: not run"
+
+
+def test_a_timeout_names_the_phase_it_stopped_in():
+  out = b"PHASE init 35.2\nsome log line\nPHASE lower 12.0\n"
+  assert memory_llama.timeout_error(200, out) == (
+      "timeout after 200 s in compile (init 35.2 s, lower 12.0 s done)")
+  assert memory_llama.timeout_error(90, None) == "timeout after 90 s in init"
+  assert memory_llama.timeout_error(90, "PHASE init 1.0\nPHASE lower 2.0\n"
+                                    "PHASE compile 3.0\n").startswith(
+                                        "timeout after 90 s in steps (init 1.0 s")

@@ -130,7 +130,7 @@ def select_kernel(x, dy, w, state, rule, seed, config=None, *,
   if not cc or not cc.startswith("9") or _jax_version() < _MOSAIC_AUTO_MIN_JAX:
     return "triton"
   if kernel_mosaic.fold_block(rule) > 1 and (
-      w.dtype != jnp.float32 or _output_tiles(w) < kernel_mosaic._num_sms()):  # pylint: disable=protected-access
+      w.dtype != jnp.float32 or _output_tiles(w) < kernel_mosaic.num_sms()):
     return "triton"  # folded moments: see the docstring
   if config is None:
     config = mosaic_default_config(x, dy, w, state, rule, seed)

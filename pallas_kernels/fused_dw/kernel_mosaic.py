@@ -923,7 +923,9 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   plgpu.wait_smem_to_gmem(0)
 
 
-def _num_sms() -> int:
+def num_sms() -> int:
+  """Multiprocessors of the first device (132 on an H100/H200 SXM; also
+  when the device does not say, as on the CPU)."""
   try:
     return int(jax.devices()[0].core_count)
   except (AttributeError, TypeError, ValueError):  # pragma: no cover
@@ -986,7 +988,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
   else:
     # num_tiles // 2 CTA tiles of (block_m, 2·block_n), shared out by nd_loop.
-    ctas = config.num_ctas or (2 if interpret else _num_sms())
+    ctas = config.num_ctas or (2 if interpret else num_sms())
     body = functools.partial(_kernel_ws, config=config, split=split,
                              layout=layout)
     mesh = dict(grid=(min(ctas, num_tiles // 2),), grid_names=("cta",),
