@@ -8,7 +8,7 @@ import pytest
 from experiments import memory_llama
 
 
-def test_variants_run_and_report_memory_and_state():
+def test_variants_run_and_report_memory_and_state(capsys):
   optax_row = memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", steps=2)
   int8_row = memory_llama.run_one("cpu-tiny", 16, "forge-fold-int8", "scan+remat",
                                   steps=2)
@@ -19,6 +19,14 @@ def test_variants_run_and_report_memory_and_state():
   # bf16 Adam moments: 2 bytes x 2 per param; int8 folded (l=3) moments for the
   # projections and int8 for the rest: well under a quarter of that.
   assert int8_row["optimizer_state_bytes"] < 0.3 * optax_row["optimizer_state_bytes"]
+  # The table: success and error rows have the header's columns; the last
+  # column holds the three phase times.
+  capsys.readouterr()
+  memory_llama.print_table([optax_row, dict(optax_row, error="timeout after 9 s in init")])
+  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("|")]
+  assert len({l.count("|") for l in lines}) == 1, lines
+  assert lines[0].rstrip(" |").endswith("init / lower / compile s")
+  assert len(lines[2].rstrip(" |").split("|")[-1].split("/")) == 3
 
 
 @pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devices of the "
@@ -61,3 +69,9 @@ def test_a_timeout_names_the_phase_it_stopped_in():
   assert memory_llama.timeout_error(90, "PHASE init 1.0\nPHASE lower 2.0\n"
                                     "PHASE compile 3.0\n").startswith(
                                         "timeout after 90 s in steps (init 1.0 s")
+
+
+def test_a_crash_names_the_phase_it_failed_in():
+  assert memory_llama.crash_error("ValueError: x", "") == "ValueError: x"
+  assert memory_llama.crash_error("RuntimeError: oom", "PHASE init 4.0\n") == (
+      "RuntimeError: oom (in lower; init 4.0 s done)")
