@@ -53,7 +53,8 @@ LAYOUTS = ("unrolled", "unrolled+remat", "scan", "scan+remat")
 
 PHASE = "PHASE"
 """Prefix of the lines a variant's process prints as it finishes a phase
-(``init``: model and state; ``lower``: tracing and lowering the step;
+(``init``: the process's imports, the model and the train state;
+``lower``: tracing and lowering the step;
 ``compile``: XLA's compile), with the seconds it took."""
 
 
