@@ -174,6 +174,21 @@ def test_int8_state_init_makes_no_fp32_array_of_the_param_shape():
   assert "f32[4,256,512]" not in jaxpr and "i8[4,256,512]" in jaxpr
 
 
+def test_int8_state_of_a_constant_is_two_broadcasts_under_jit():
+  # A jitted init of many int8 leaves holds no quantization ops per leaf
+  # (they made up 83% of an unrolled Llama-3.1-8B init's HLO); a traced value
+  # still quantizes, to the same code and scale.
+  shape = (4, 128)
+  jaxpr = jax.make_jaxpr(lambda: q.full_state(shape, 0.0, jnp.int8, True))()
+  assert {e.primitive.name for e in jaxpr.eqns} == {"broadcast_in_dim"}
+  for value, nonneg in ((0.0, True), (0.25, True), (-3.25, False)):
+    want = q.full_state(shape, value, jnp.int8, nonneg)
+    got = jax.jit(lambda v, n=nonneg: q.full_state(shape, v, jnp.int8, n))(value)
+    np.testing.assert_array_equal(np.asarray(got.codes), np.asarray(want.codes))
+    np.testing.assert_allclose(np.asarray(got.scale), np.asarray(want.scale),
+                               rtol=2.5e-7, atol=0)
+
+
 def test_state_dtype_is_validated():
   with pytest.raises(ValueError, match="mu_dtype=.*float16.* must be one of"):
     fj.adamw(1e-3, mu_dtype=jnp.float16)
