@@ -532,6 +532,18 @@ def test_rounding_seed_draws_no_random_numbers_of_its_own(rng):
   assert int(make_state(v_ref["params"], jax.random.key(4))["rounding_seed"]) != int(
       eager["rounding_seed"])
 
+  # Sibling layers of one model (not stacked by nn.scan) get their own seeds.
+  class Three(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+      for i in range(3):
+        h = fj.ForgeDense(21, optimizer=fj.adamw(1e-3), param_dtype=jnp.bfloat16,
+                          name=f"l{i}")(h)
+      return h
+
+  fs = Three().init(jax.random.key(0), x)["forge_state"]
+  assert len({int(fs[f"l{i}"]["rounding_seed"]) for i in range(3)}) == 3
+
 
 def test_non_float_params_are_refused_by_the_optax_transforms():
   tx = fj.adamw(1e-3)
