@@ -278,8 +278,9 @@ class ForgeDense(nn.Module):
       round to nearest. ``rounding_seed`` (uint32) is a word of the key the
       kernel is initialized with (no random draw of its own, so the params
       are flax Dense's), or of a ``'params'`` rng when ``forge_state`` is
-      made for params that exist already. Only the fused kernel: the bias and other unfused
-      params are rounded by the step's optax ``tx`` (to nearest).
+      made for params that exist already. Only the fused kernel: the bias
+      and other unfused params are rounded by the step's optax ``tx`` (to
+      nearest).
     kernel_axes: tensor parallelism: the mesh axis names ``(in_axis,
       out_axis)`` over which the kernel's rows and/or columns are split,
       e.g. ``(None, 'model')`` column-parallel (Megatron's first MLP matmul)
