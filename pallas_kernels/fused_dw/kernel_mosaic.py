@@ -702,22 +702,22 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
     for a in tiles:
       # One bulk group per sub-tile (committed with its last array).
       plgpu.copy_smem_to_gmem(
-          here(a), _sub_window(out_refs[a], (row0, col0), config,
-                               layout.kind(a), layout.fold_block),
+          here(a), _sub_window(out_refs[a], (row0, col0), config, layout, a),
           commit_group=a == tiles[-1])
     if s + _AHEAD < len(subs):
       plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
       load_sub(s + _AHEAD)
 
 
-def _sub_window(ref, origin, config: MosaicConfig, kind: str = "tile",
-                fold: int = 1):
-  """The HBM window of the epilogue sub-tile whose first W element is at
-  ``origin`` (row, col): (epi_m, epi_n) of W or a state (``kind='tile'``);
-  for transposed scales (blocks, in) the (1, epi_m) row holding its scales
-  (its 64 columns are one block; ``'scale'``); for a transposed folded
-  state (out / fold, in) its (epi_n / fold, epi_m) rows (``'fold'``)."""
+def _sub_window(ref, origin, config: MosaicConfig, layout: _Layout, a: int):
+  """The HBM window, in array ``a`` of ``layout`` (``ref``), of the epilogue
+  sub-tile whose first W element is at ``origin`` (row, col): (epi_m,
+  epi_n) of W or a state (kind ``'tile'``); for transposed scales (blocks,
+  in) the (1, epi_m) row holding its scales (its 64 columns are one block;
+  ``'scale'``); for a transposed folded state (out / fold, in) its
+  (epi_n / fold, epi_m) rows (``'fold'``)."""
   row0, col0 = origin
+  kind, fold = layout.kind(a), layout.fold_block
   if kind == "scale":
     return ref.at[pl.ds(col0 // quantization.BLOCK_SIZE, 1),
                   pl.ds(row0, config.epi_m)]
@@ -771,8 +771,7 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
   def load_sub(bufs, barriers, s):
     for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-      src = _sub_window(ref, origin(s), config, layout.kind(a),
-                        layout.fold_block)
+      src = _sub_window(ref, origin(s), config, layout, a)
       plgpu.copy_gmem_to_smem(src, buf.at[s % slots],
                               barriers.at[slots * a + s % slots])
 
@@ -885,8 +884,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
       def load_sub(s):
         for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-          src = _sub_window(ref, origin(s), config, layout.kind(a),
-                            layout.fold_block)
+          src = _sub_window(ref, origin(s), config, layout, a)
           plgpu.copy_gmem_to_smem(src, buf.at[wg, s % slots], barrier(a, s))
 
       def context(eval_pipeline):
