@@ -12,13 +12,18 @@ of ``--timeout`` is reported with the phase it was in):
 * ``optax``: flax Dense everywhere, ``optax.adamw`` with bf16 params and bf16
   moments, params and state donated;
 * ``forge-bf16``: the 7 projections per block and the untied ``lm_head``
-  are ForgeDense (AdamW fused, bf16 weights with stochastic rounding, bf16
-  moments), the rest (embedding, norms) AdamW with bf16 moments;
+  are ForgeDense and the embedding of an untied model a ForgeEmbed (AdamW
+  fused, bf16 weights with stochastic rounding, bf16 moments), the rest
+  (norms) AdamW with bf16 moments;
 * ``forge-int8``: the same with int8 moments (absmax blocks of 64) for every
   param;
 * ``forge-fold-int8``: FOAM inside the fused kernels of the blocks (fold
-  level 3, int8 folded moments); the embedding and the (fused) head keep
-  plain AdamW with int8 moments;
+  level 3, int8 folded moments); the (fused) embedding and head keep plain
+  AdamW with int8 moments;
+
+``--embedding unfused`` keeps the embedding a flax Embed trained by the
+step's ``fj.adamw``; under tensor parallelism (``--tp``) the head and
+embedding stay unfused and replicated;
 
 each ``unrolled`` or ``scan`` (``nn.scan`` over the blocks), with or without
 per-block rematerialization (``remat``).
@@ -104,7 +109,8 @@ def child_env() -> dict:
 
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
-            logits_dtype: str = "float32", implementation: str = "auto") -> dict:
+            logits_dtype: str = "float32", implementation: str = "auto",
+            embedding: str = "fused") -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
@@ -138,7 +144,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   in_mesh = (contextlib.nullcontext if mesh is None
              else functools.partial(jax.set_mesh, mesh))
   lr = 1e-4
-  head = None  # flax Dense
+  head = embed = None  # flax Dense and Embed
   if optimizer == "optax":
     dense, tx = nn.Dense, optax.adamw(lr, mu_dtype=jnp.bfloat16)
   else:
@@ -150,10 +156,14 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     # The untied head (V x D, the largest matrix) fused too, plain AdamW with
     # the same moments: its gradient never exists either. One GPU only: under
     # tensor parallelism the head stays an unfused, replicated Dense.
+    # The untied embedding too (ForgeEmbed): its (V, D) gradient never
+    # exists either.
     if not cfg.tie_embeddings and tp == 1:
       head = functools.partial(fj.ForgeDense, optimizer=fj.adamw(lr, **kw))
+      if embedding == "fused":
+        embed = functools.partial(fj.ForgeEmbed, optimizer=fj.adamw(lr, **kw))
     tx = fj.adamw(lr, **kw)
-  model = llama.Llama(cfg, dense_cls=dense, head_cls=head)
+  model = llama.Llama(cfg, dense_cls=dense, head_cls=head, embed_cls=embed)
   batch = jax.random.randint(jax.random.key(1), (1, tokens + 1), 0, cfg.vocab_size)
   batch = (batch[:, :-1], batch[:, 1:])
   phases = {}
@@ -226,6 +236,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               optimizer=optimizer, layout=layout, tp=tp, attention=attention,
               logits_dtype=logits_dtype,
               implementation=None if optimizer == "optax" else implementation,
+              fused_embedding=embed is not None,
               **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=peak_bytes(), step_s=median,
@@ -246,6 +257,8 @@ def _layout_label(row: dict) -> str:
     label += f", {row['logits_dtype'].replace('bfloat16', 'bf16')} logits"
   if row.get("implementation"):  # fused variants since stop 15
     label += f", {row['implementation']} kernel"
+  if row.get("fused_embedding"):  # since stop 19
+    label += ", ForgeEmbed"
   return label
 
 
@@ -311,6 +324,11 @@ def main(argv=None):
                  choices=("triton", "mosaic", "auto"),
                  help="the fused kernel of the FORGE variants (auto: Mosaic on "
                  "Hopper where it covers the op, else Triton)")
+  p.add_argument("--embedding", default="fused",
+                 choices=("fused", "unfused"),
+                 help="the untied embedding of the FORGE variants on one GPU: "
+                 "a ForgeEmbed (fused, default) or a flax Embed trained by "
+                 "the step's fj.adamw (unfused)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
@@ -327,7 +345,7 @@ def main(argv=None):
     t, opt, layout = a.one.split(":")
     print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
                                          a.tp, a.attention, a.logits_dtype,
-                                         a.implementation)))
+                                         a.implementation, a.embedding)))
     return None
   rows = []
   for t in [int(v) for v in a.tokens.split(",")]:
@@ -339,7 +357,8 @@ def main(argv=None):
         cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
                "--attention", a.attention, "--logits-dtype", a.logits_dtype,
-               "--implementation", a.implementation, "--one", f"{t}:{opt}:{layout}"]
+               "--implementation", a.implementation, "--embedding", a.embedding,
+               "--one", f"{t}:{opt}:{layout}"]
         variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
                        tp=a.tp, attention=a.attention,
                        logits_dtype=a.logits_dtype,

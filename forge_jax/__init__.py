@@ -11,6 +11,7 @@ from forge_jax._src.checkpoint import latest_checkpoint_step
 from forge_jax._src.checkpoint import restore_checkpoint
 from forge_jax._src.checkpoint import save_checkpoint
 from forge_jax._src.dense import ForgeDense
+from forge_jax._src.embed import ForgeEmbed
 from forge_jax._src.fold import FoldAdamState
 from forge_jax._src.fold import fold_adam
 from forge_jax._src.fold import fold_adam_labels
@@ -50,6 +51,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FoldAdamState",
     "ForgeDense",
+    "ForgeEmbed",
     "ForgeTransformation",
     "FusedTrainStep",
     "ScaleByAdamWState",

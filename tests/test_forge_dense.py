@@ -221,7 +221,8 @@ def test_bad_configuration_is_refused(rng):
     fused_loss(m, m.init(jax.random.key(0), x))
   m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3))
   v = m.init(jax.random.key(0), x)
-  with pytest.raises(ValueError, match="has no kernel for the fused layers"):
+  with pytest.raises(ValueError,
+                     match=r"has no fused param \(kernel or embedding\) for"):
     fj.TrainState.create(apply_fn=m.apply, variables={"params": {}, "forge_state": v["forge_state"]}, tx=optax.sgd(0.1))
   with pytest.raises(ValueError, match="'params'"):
     fj.TrainState.create(apply_fn=m.apply, variables={}, tx=optax.sgd(0.1))

@@ -12,6 +12,7 @@ def test_variants_run_and_report_memory_and_state(capsys):
   optax_row = memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", steps=2)
   int8_row = memory_llama.run_one("cpu-tiny", 16, "forge-fold-int8", "scan+remat",
                                   steps=2)
+  assert int8_row["fused_embedding"] and not optax_row["fused_embedding"]
   for row in (optax_row, int8_row):
     assert row["temp_size_in_bytes"] > 0 and row["argument_size_in_bytes"] > 0
     assert row["step_s"] > 0 and row["loss"] == row["loss"]  # finite, not NaN
@@ -35,6 +36,7 @@ def test_tensor_parallel_variant_runs_sharded():
   row = memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "scan+remat", steps=2,
                              tp=2)
   assert row["tp"] == 2 and row["loss"] == row["loss"]
+  assert not row["fused_embedding"]  # replicated under TP: unfused
   # Each device holds half of the projections and their moments: the
   # arguments of the sharded step (per device) are well under the whole's.
   whole = row["param_bytes"] + row["optimizer_state_bytes"]
@@ -75,3 +77,11 @@ def test_a_crash_names_the_phase_it_failed_in():
   assert memory_llama.crash_error("ValueError: x", "") == "ValueError: x"
   assert memory_llama.crash_error("RuntimeError: oom", "PHASE init 4.0\n") == (
       "RuntimeError: oom (in lower; init 4.0 s done)")
+
+
+def test_the_embedding_may_stay_unfused():
+  row = memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "unrolled", steps=1,
+                             embedding="unfused")
+  assert not row["fused_embedding"] and row["loss"] == row["loss"]
+  assert "ForgeEmbed" not in memory_llama._layout_label(row)
+  assert "ForgeEmbed" in memory_llama._layout_label(dict(row, fused_embedding=True))

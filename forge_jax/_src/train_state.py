@@ -26,16 +26,38 @@ def fused_kernel_paths(forge_state: Mapping[str, Any]) -> tuple[tuple[str, ...],
   return tuple(sorted(k[:-1] for k in flat if k[-1] == PROBE))
 
 
+FUSED_PARAM_NAMES = ("kernel", "embedding")
+"""The param a fused layer updates in its backward pass: ForgeDense's
+``kernel``, ForgeEmbed's ``embedding``. The fused step hands it to the layer
+a second time as ``forge_state/<layer>/<the same name>``."""
+
+
+def fused_param_keys(flat, paths) -> tuple[tuple[str, ...], ...]:
+  """The key (path + name) in ``flat``, params flattened by
+  ``flax.traverse_util.flatten_dict``, of each fused layer's param.
+
+  Raises:
+    ValueError: if a path has none or several of :data:`FUSED_PARAM_NAMES`.
+  """
+  keys = []
+  for p in paths:
+    found = [p + (n,) for n in FUSED_PARAM_NAMES if p + (n,) in flat]
+    if len(found) != 1:
+      what = "no" if not found else "more than one"
+      raise ValueError(
+          f"params has {what} fused param ({' or '.join(FUSED_PARAM_NAMES)}) "
+          f"for the fused layer {'/'.join(p) or '<root module>'!r} found in "
+          f"{FORGE_STATE!r}: params and {FORGE_STATE!r} must come from the "
+          "same model.init")
+    keys.append(found[0])
+  return tuple(keys)
+
+
 def split_params(params, paths):
-  """Splits params into (unfused tree, {path + ('kernel',): fused kernel})."""
+  """Splits params into (unfused tree, {path + (name,): fused param}), name
+  ``'kernel'`` (ForgeDense) or ``'embedding'`` (ForgeEmbed)."""
   flat = traverse_util.flatten_dict(dict(params))
-  keys = {p + ("kernel",) for p in paths}
-  absent = sorted(keys - set(flat))
-  if absent:
-    raise ValueError(
-        f"params has no kernel for the fused layers {['/'.join(k) for k in absent]}"
-        f" found in {FORGE_STATE!r}: params and {FORGE_STATE!r} must come from "
-        "the same model.init")
+  keys = set(fused_param_keys(flat, paths))
   fused = {k: flat[k] for k in keys}
   other = traverse_util.unflatten_dict(
       {k: v for k, v in flat.items() if k not in keys})
@@ -222,8 +244,9 @@ def fused_step(
   """
   paths = fused_kernel_paths(state.forge_state)
   other, fused = split_params(state.params, paths)
-  kernel_inputs = {p + (dense_lib.KERNEL_INPUT,): fused[p + ("kernel",)]
-                   for p in paths}
+  # Each layer's input copy sits in forge_state under its param's own name
+  # (dense.KERNEL_INPUT, embed.EMBEDDING_INPUT).
+  kernel_inputs = dict(fused)
 
   # Only the floating-point state is differentiated (its cotangents are the
   # new moments and the probe counts), int8 codes of quantized moments viewed
@@ -274,8 +297,7 @@ def fused_step(
              for k, v in flat_fs.items()}
   new_forge_state = quantization.from_float_view(
       traverse_util.unflatten_dict(flat_fs) if flat_fs else {})
-  new_fused = {p + ("kernel",): new_kernels[p + (dense_lib.KERNEL_INPUT,)]
-               for p in paths}
+  new_fused = {k: new_kernels[k] for k in fused}
   new_state = state.replace(
       step=state.step + 1,
       params=merge_params(other, new_fused),

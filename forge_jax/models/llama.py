@@ -570,11 +570,19 @@ class Llama(nn.Module):
       fold). ``None``: :class:`flax.linen.Dense`. A tied model has no
       ``lm_head`` (its head is the embedding, updated unfused), so giving
       ``head_cls`` with ``tie_embeddings`` raises ``ValueError``.
+    embed_cls: Constructor of the embedding. Must accept the keyword
+      arguments ``num_embeddings, features, dtype, param_dtype,
+      embedding_init, name`` like :class:`flax.linen.Embed` (and have
+      ``attend`` for a tied model). ``None``: :class:`flax.linen.Embed`. A
+      :class:`forge_jax.ForgeEmbed` with an optimizer updates the table in
+      its backward pass (untied models only: its ``attend`` is refused in a
+      fused step).
   """
 
   config: LlamaConfig
   dense_cls: Callable[..., nn.Module] = nn.Dense
   head_cls: Callable[..., nn.Module] | None = None
+  embed_cls: Callable[..., nn.Module] | None = None
 
   @nn.compact
   def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -603,9 +611,10 @@ class Llama(nn.Module):
       raise ValueError(f"sequence length {tokens.shape[1]} exceeds "
                        f"max_seq_len {cfg.max_seq_len}")
 
-    embed = nn.Embed(num_embeddings=cfg.vocab_size, features=cfg.d_model,
-                     dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                     embedding_init=_normal(INIT_STD), name="embed")
+    embed_cls = nn.Embed if self.embed_cls is None else self.embed_cls
+    embed = embed_cls(num_embeddings=cfg.vocab_size, features=cfg.d_model,
+                      dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                      embedding_init=_normal(INIT_STD), name="embed")
     x = embed(tokens)
 
     if cfg.scan_layers:
