@@ -52,6 +52,19 @@ def _state(opt, shape, key):
   return tuple(out)
 
 
+def dense_gradient_update(ids, dy, table, state, hparams, *, rule):
+  """The unfused baseline: what ``jax.grad`` of the lookup gives (the dense
+  (V, D) gradient, scatter-added in the table's dtype), then ``rule`` on
+  every element in one expression."""
+  hp, count = rule.unpack(hparams)
+  grad = jnp.zeros(table.shape, table.dtype).at[ids].add(dy)
+  new_w, new_state = rule.update(
+      grad.astype(jnp.float32), table.astype(jnp.float32),
+      tuple(quantization.state_to_f32(s) for s in state), hp, count)
+  return new_w.astype(table.dtype), tuple(
+      quantization.state_from_f32(x, s) for x, s in zip(new_state, state))
+
+
 def run(vocab: int, dim: int, tokens: int, moments: str, reps: int,
         bandwidth: float, check: bool) -> list[dict]:
   opt = fj.adamw(1e-3, mu_dtype=moments, nu_dtype=moments)
@@ -61,16 +74,9 @@ def run(vocab: int, dim: int, tokens: int, moments: str, reps: int,
   ids = jax.random.randint(jax.random.fold_in(key, 7), (tokens,), 0, vocab)
   dy = jax.random.normal(jax.random.fold_in(key, 8), (tokens, dim), jnp.bfloat16)
   hparams = opt.packed_hyperparams(jnp.int32(5))
-  hp, count = opt.rule.unpack(hparams)
   seed = jnp.uint32(3)
-
-  def unfused(ids, dy, table, state):
-    grad = jnp.zeros(table.shape, table.dtype).at[ids].add(dy)
-    new_w, new_state = opt.rule.update(
-        grad.astype(jnp.float32), table.astype(jnp.float32),
-        tuple(quantization.state_to_f32(s) for s in state), hp, count)
-    return new_w.astype(table.dtype), tuple(
-        quantization.state_from_f32(x, s) for x, s in zip(new_state, state))
+  unfused = functools.partial(dense_gradient_update, hparams=hparams,
+                              rule=opt.rule)
 
   fused = functools.partial(embed_lib.fused_embed_update, hparams=hparams,
                             rule=opt.rule, seed=seed)

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from experiments import bench_embed_update
 import forge_jax as fj
 from forge_jax._src import embed as embed_lib
 from forge_jax.models.llama import Llama, LlamaConfig, cross_entropy_loss
@@ -100,6 +101,27 @@ def test_fused_embed_update_equals_one_hot_reference(name, param_dtype,
     assert np.all(np.abs(a - b) <= step + 1e-12)
 
 
+@pytest.mark.parametrize("id_dtype", [jnp.int8, jnp.uint8, jnp.int16,
+                                      jnp.int32, jnp.uint32])
+def test_ids_of_every_integer_dtype_follow_jnp_take(id_dtype):
+  """The rows updated are those jnp.take reads, whatever the ids' dtype:
+  negative ids from the end, ids outside [-V, V) (the dtype's extremes
+  included) nowhere; checked against jax.grad of jnp.take itself."""
+  v, d = 100, 8
+  info = jnp.iinfo(id_dtype)
+  vals = [0, 1, 99, 100, 120, 3, 3, info.max, info.min, -1, -5, -100, -101]
+  ids = jnp.asarray([x for x in vals if info.min <= x <= info.max], id_dtype)
+  rng = np.random.default_rng(11)
+  dy = jnp.asarray(rng.standard_normal((ids.shape[0], d)), jnp.float32)
+  table = jnp.asarray(rng.standard_normal((v, d)), jnp.float32)
+  opt = fj.sgd(1.0)
+  hparams = opt.packed_hyperparams(jnp.int32(0))
+  new_w, _ = embed_lib.fused_embed_update(ids, dy, table, (), hparams,
+                                          rule=opt.rule)
+  grad = jax.grad(lambda t: jnp.sum(jnp.take(t, ids, axis=0) * dy))(table)
+  np.testing.assert_allclose(new_w, table - grad, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("state_dtype", [jnp.bfloat16, jnp.int8])
 def test_fused_embed_update_needs_less_temp_than_the_dense_gradient(state_dtype):
   """Compiled with the table and state donated, the update with its states
@@ -114,19 +136,10 @@ def test_fused_embed_update_needs_less_temp_than_the_dense_gradient(state_dtype)
   ids = jnp.asarray(rng.integers(0, v, n), jnp.int32)
   dy = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
   hparams = opt.packed_hyperparams(jnp.int32(0))
-  hp, count = opt.rule.unpack(hparams)
-
-  def fused(ids, dy, table, state):
-    return embed_lib.fused_embed_update(ids, dy, table, state, hparams,
-                                        rule=opt.rule, slab_rows=256)
-
-  def unfused(ids, dy, table, state):  # what jax.grad of the lookup gives
-    grad = jnp.zeros(table.shape, table.dtype).at[ids].add(dy)
-    new_w, new_state = opt.rule.update(
-        grad.astype(jnp.float32), table.astype(jnp.float32),
-        tuple(quantization.state_to_f32(s) for s in state), hp, count)
-    return new_w.astype(table.dtype), tuple(
-        quantization.state_from_f32(x, s) for x, s in zip(new_state, state))
+  fused = functools.partial(embed_lib.fused_embed_update, hparams=hparams,
+                            rule=opt.rule, slab_rows=256)
+  unfused = functools.partial(bench_embed_update.dense_gradient_update,
+                              hparams=hparams, rule=opt.rule)
 
   def temp(f):
     c = jax.jit(f, donate_argnums=(2, 3)).lower(ids, dy, table, state).compile()

@@ -396,33 +396,14 @@ class ForgeDense(nn.Module):
   def _fused_matmul(self, ctx: FusedContext, inputs, param_dtype):
     path = _path_prefix() + tuple(self.scope.path)
     where = "/".join(path) or "<root module>"
-    if param_dtype not in (jnp.float32, jnp.bfloat16):
-      raise ValueError(f"ForgeDense at {where!r}: param_dtype={param_dtype} is "
-                       "not supported in fused mode; use float32 or bfloat16")
     if inputs.dtype not in (jnp.float32, jnp.bfloat16):
       raise ValueError(f"ForgeDense at {where!r}: the computation dtype "
                        f"{inputs.dtype} (from inputs and dtype={self.dtype}) "
                        "must be float32 or bfloat16 in fused mode")
+    kernel, state, probe, seed = fused_variables(
+        self, "ForgeDense", where, KERNEL_INPUT, param_dtype, ctx, inputs)
     rule = self.optimizer.rule
-    names = (*rule.state_names, PROBE, KERNEL_INPUT)
-    missing = [n for n in names if not self.has_variable(FORGE_STATE, n)]
-    if missing:
-      raise ValueError(
-          f"ForgeDense at {where!r} has no {FORGE_STATE!r} variables {missing}:"
-          f" pass the {FORGE_STATE!r} collection returned by model.init, and "
-          "train through forge_jax.fused_step / make_train_step")
-    kernel = self.get_variable(FORGE_STATE, KERNEL_INPUT)
-    _refuse_parallel_axes(where, inputs, kernel)
-    state = tuple(self.get_variable(FORGE_STATE, n) for n in rule.state_names)
     mesh = _check_kernel_axes(where, self.kernel_axes, kernel.shape, state, rule)
-    for n, s, d in zip(rule.state_names, state, self.optimizer.state_dtypes):
-      if quantization.state_storage_dtype(s) != d:
-        raise ValueError(
-            f"ForgeDense at {where!r}: {FORGE_STATE}/{n} is stored as "
-            f"{quantization.state_storage_dtype(s)} but the optimizer's "
-            f"{n}_dtype is {d}: the state comes from another optimizer "
-            "configuration (re-run model.init)")
-    probe = self.get_variable(FORGE_STATE, PROBE)
     implementation = fused_dw.resolve_implementation(
         self.implementation or ctx.implementation)
     spec = _Spec(rule=rule, compute_dtype=inputs.dtype,
@@ -430,16 +411,56 @@ class ForgeDense(nn.Module):
                  interpret=ctx.interpret, context=ctx, path=path,
                  kernel_axes=tuple(self.kernel_axes), mesh=mesh)
     hparams = self.optimizer.packed_hyperparams(ctx.step)
-    seed = None
-    if jnp.dtype(param_dtype) == jnp.bfloat16 and self.stochastic_rounding:
-      if not self.has_variable(FORGE_STATE, ROUNDING_SEED):
-        raise ValueError(
-            f"ForgeDense at {where!r} has no {FORGE_STATE}/{ROUNDING_SEED}: "
-            "initialize the model with param_dtype=bfloat16 (model.init)")
-      base = jnp.uint32(0) if ctx.seed is None else ctx.seed
-      seed = (jnp.asarray(base, jnp.uint32)
-              ^ self.get_variable(FORGE_STATE, ROUNDING_SEED))
     return _forge_linear(spec, inputs, kernel, state, hparams, probe, seed)
+
+
+def fused_variables(module, layer: str, where: str, input_name: str,
+                    param_dtype, ctx: FusedContext, inputs):
+  """What a fused layer (ForgeDense, ForgeEmbed) reads in a fused step.
+
+  Returns ``(weight, state, probe, seed)``: the copy of the fused param the
+  step hands over as ``forge_state/<input_name>``, the optimizer's state
+  arrays, the probe, and the stochastic-rounding seed (uint32; None for an
+  fp32 weight or without ``stochastic_rounding``).
+
+  Raises:
+    ValueError: naming ``layer`` and ``where``, if ``param_dtype`` is not
+      float32 or bfloat16, a variable is missing, a state is stored in
+      another dtype than the optimizer's, or the layer runs under mapped
+      axes (:func:`_refuse_parallel_axes`).
+  """
+  if jnp.dtype(param_dtype) not in (jnp.float32, jnp.bfloat16):
+    raise ValueError(f"{layer} at {where!r}: param_dtype={param_dtype} is "
+                     "not supported in fused mode; use float32 or bfloat16")
+  optimizer = module.optimizer
+  rule = optimizer.rule
+  names = (*rule.state_names, PROBE, input_name)
+  missing = [n for n in names if not module.has_variable(FORGE_STATE, n)]
+  if missing:
+    raise ValueError(
+        f"{layer} at {where!r} has no {FORGE_STATE!r} variables {missing}:"
+        f" pass the {FORGE_STATE!r} collection returned by model.init, and "
+        "train through forge_jax.fused_step / make_train_step")
+  weight = module.get_variable(FORGE_STATE, input_name)
+  _refuse_parallel_axes(where, inputs, weight)
+  state = tuple(module.get_variable(FORGE_STATE, n) for n in rule.state_names)
+  for n, s, d in zip(rule.state_names, state, optimizer.state_dtypes):
+    if quantization.state_storage_dtype(s) != d:
+      raise ValueError(
+          f"{layer} at {where!r}: {FORGE_STATE}/{n} is stored as "
+          f"{quantization.state_storage_dtype(s)} but the optimizer's "
+          f"{n}_dtype is {d}: the state comes from another optimizer "
+          "configuration (re-run model.init)")
+  seed = None
+  if jnp.dtype(param_dtype) == jnp.bfloat16 and module.stochastic_rounding:
+    if not module.has_variable(FORGE_STATE, ROUNDING_SEED):
+      raise ValueError(
+          f"{layer} at {where!r} has no {FORGE_STATE}/{ROUNDING_SEED}: "
+          "initialize the model with param_dtype=bfloat16 (model.init)")
+    base = jnp.uint32(0) if ctx.seed is None else ctx.seed
+    seed = (jnp.asarray(base, jnp.uint32)
+            ^ module.get_variable(FORGE_STATE, ROUNDING_SEED))
+  return weight, state, module.get_variable(FORGE_STATE, PROBE), seed
 
 
 def _refuse_parallel_axes(where: str, inputs, kernel) -> None:

@@ -70,6 +70,23 @@ def _set_row_slab(tree, new, r0):
       lambda a, b: lax.dynamic_update_slice_in_dim(a, b, r0, 0), tree, new)
 
 
+def _normalized_ids(ids, v: int) -> jax.Array:
+  """int32 row indices: negative ids counted from the end, as ``jnp.take``
+  does, and V for every id outside [-V, V) (its lookup gave the fill value;
+  dropped). Computed in a type that holds both the ids and ±V, so that no
+  out-of-range id wraps around into a valid row."""
+  wide = jnp.promote_types(ids.dtype, jnp.int32)
+  if jnp.issubdtype(ids.dtype, jnp.unsignedinteger):
+    wide = ids.dtype if jnp.iinfo(ids.dtype).bits >= 32 else jnp.dtype(jnp.int32)
+  x = ids.astype(wide)
+  if jnp.issubdtype(wide, jnp.signedinteger):
+    x = jnp.where(x < 0, x + v, x)
+    ok = (x >= 0) & (x < v)
+  else:
+    ok = x < v
+  return jnp.where(ok, x, v).astype(jnp.int32)
+
+
 def default_slab_rows(shape, state) -> int | None:
   """Rows per slab of the int8 states' update of a table of ``shape``
   (``forge_jax.adamw``'s rule for its own unfused update of a large leaf:
@@ -151,9 +168,7 @@ def fused_embed_update(ids, dy, table, state, hparams, *, rule, seed=None,
   cols = lax.iota(jnp.uint32, d)
 
   # The rows seen: sorted unique ids (padding: V), and their rows of dE.
-  ids = ids.astype(jnp.int32)
-  ids = jnp.where(ids < 0, ids + v, ids)
-  ids = jnp.where((ids >= 0) & (ids < v), ids, v)
+  ids = _normalized_ids(ids, v)
   rows, inverse = jnp.unique(ids, size=n, fill_value=v, return_inverse=True)
   grad_rows = jax.ops.segment_sum(dy.astype(jnp.float32), inverse.reshape(-1),
                                   num_segments=n)
@@ -201,8 +216,7 @@ def fused_embed_update_reference(ids, dy, table, state, hparams, *, rule,
   gradient dE = onehot(ids)ᵀ · dY, then the rule
   (:func:`pallas_kernels.fused_dw.fused_dw_update_reference`)."""
   v = table.shape[0]
-  ids = jnp.where(ids < 0, ids + v, ids)
-  onehot = jax.nn.one_hot(ids, v, dtype=jnp.float32)  # out of range: zeros
+  onehot = jax.nn.one_hot(_normalized_ids(ids, v), v, dtype=jnp.float32)  # V: zeros
   return reference.fused_dw_update_reference(
       onehot, dy.astype(jnp.float32), table, state, hparams, rule=rule,
       seed=seed)
@@ -330,44 +344,18 @@ class ForgeEmbed(nn.Embed):
       raise ValueError("Input type must be an integer or unsigned integer.")
     path = dense_lib._path_prefix() + tuple(self.scope.path)  # pylint: disable=protected-access
     where = "/".join(path) or "<root module>"
-    if jnp.dtype(self.param_dtype) not in (jnp.float32, jnp.bfloat16):
-      raise ValueError(f"ForgeEmbed at {where!r}: param_dtype={self.param_dtype}"
-                       " is not supported in fused mode; use float32 or bfloat16")
+    table, state, probe, seed = dense_lib.fused_variables(
+        self, "ForgeEmbed", where, EMBEDDING_INPUT, self.param_dtype, ctx,
+        inputs)
     rule = self.optimizer.rule
-    names = (*rule.state_names, dense_lib.PROBE, EMBEDDING_INPUT)
-    missing = [n for n in names if not self.has_variable(FORGE_STATE, n)]
-    if missing:
-      raise ValueError(
-          f"ForgeEmbed at {where!r} has no {FORGE_STATE!r} variables {missing}:"
-          f" pass the {FORGE_STATE!r} collection returned by model.init, and "
-          "train through forge_jax.fused_step / make_train_step")
-    table = self.get_variable(FORGE_STATE, EMBEDDING_INPUT)
-    dense_lib._refuse_parallel_axes(where, inputs, table)  # pylint: disable=protected-access
-    state = tuple(self.get_variable(FORGE_STATE, n) for n in rule.state_names)
+    # A mesh axis of size > 1 would be data parallelism: refused.
     dense_lib._check_kernel_axes(where, (None, None), table.shape, state, rule)  # pylint: disable=protected-access
-    for n, s, d in zip(rule.state_names, state, self.optimizer.state_dtypes):
-      if quantization.state_storage_dtype(s) != d:
-        raise ValueError(
-            f"ForgeEmbed at {where!r}: {FORGE_STATE}/{n} is stored as "
-            f"{quantization.state_storage_dtype(s)} but the optimizer's "
-            f"{n}_dtype is {d}: re-run model.init")
-    seed = None
-    if jnp.dtype(self.param_dtype) == jnp.bfloat16 and self.stochastic_rounding:
-      if not self.has_variable(FORGE_STATE, dense_lib.ROUNDING_SEED):
-        raise ValueError(
-            f"ForgeEmbed at {where!r} has no {FORGE_STATE}/"
-            f"{dense_lib.ROUNDING_SEED}: initialize the model with "
-            "param_dtype=bfloat16 (model.init)")
-      base = jnp.uint32(0) if ctx.seed is None else ctx.seed
-      seed = (jnp.asarray(base, jnp.uint32)
-              ^ self.get_variable(FORGE_STATE, dense_lib.ROUNDING_SEED))
     # The lookup's dtype, as Embed's promote_dtype gives it (the params copy
     # of the table is not read: the fused step refuses any use of it).
     dtype = jnp.dtype(self.dtype if self.dtype is not None else table.dtype)
     spec = _Spec(rule=rule, dtype=dtype, context=ctx, path=path)
     return _forge_lookup(spec, inputs, table, state,
-                         self.optimizer.packed_hyperparams(ctx.step),
-                         self.get_variable(FORGE_STATE, dense_lib.PROBE), seed)
+                         self.optimizer.packed_hyperparams(ctx.step), probe, seed)
 
   def attend(self, query: jax.Array) -> jax.Array:
     """``flax.linen.Embed.attend``; refused in a fused step (tied weights)."""
