@@ -43,7 +43,8 @@ def _f32(x):
   return np.asarray(quantization.state_to_f32(x))
 
 
-SHAPES = [(37, 130, 23, None), (37, 130, 23, 8)]  # (V, D, N, slab_rows)
+SHAPES = [(37, 130, 23, None), (37, 130, 23, 6)]  # (V, D, N, slab_rows):
+# 37 = 6 · 6 + 1, a last slab of one row
 ODD_SHAPES = [(5, 1, 9, "auto"), (1, 64, 3, None), (200, 70, 1, 64)]
 
 
@@ -289,3 +290,166 @@ def test_bad_optimizers_are_refused():
                                  tuple(opt.init_state((10, 4)).values()),
                                  opt.packed_hyperparams(jnp.int32(0)),
                                  rule=opt.rule)
+
+
+def test_stochastic_rounding_draws_the_reference_bits():
+  """A bf16 table's stochastic rounding uses the bits of (seed, count,
+  row · D + column), as ForgeDense and the reference: exactly the
+  reference's result, and another seed or step gives other bits. SGD and
+  unique ids make the fp32 values exact, so any difference is the rounding."""
+  v, d = 300, 70
+  rng = np.random.default_rng(12)
+  table = jnp.asarray(rng.standard_normal((v, d)), jnp.bfloat16)
+  ids = jnp.asarray(rng.permutation(v)[:40], jnp.int32)
+  dy = jnp.asarray(rng.standard_normal((40, d)) * 1e-3, jnp.float32)
+  rule = fj.sgd(1.0).rule
+
+  def bits(fn, seed, step):
+    hparams = fj.sgd(1.0).packed_hyperparams(jnp.int32(step))
+    w, _ = fn(ids, dy, table, (), hparams, rule=rule, seed=seed)
+    return np.asarray(jax.lax.bitcast_convert_type(w, jnp.uint16))[ids]
+
+  fused = bits(embed_lib.fused_embed_update, jnp.uint32(7), 3)  # rows seen
+  np.testing.assert_array_equal(
+      fused, bits(embed_lib.fused_embed_update_reference, jnp.uint32(7), 3))
+  for other in (bits(embed_lib.fused_embed_update, jnp.uint32(8), 3),
+                bits(embed_lib.fused_embed_update, jnp.uint32(7), 4),
+                bits(embed_lib.fused_embed_update, None, 3)):
+    assert np.mean(fused != other) > 0.05
+
+
+def test_fused_step_rounds_with_the_run_seed_unless_told_not_to():
+  """In a model: TrainState.seed changes a bf16 table's rounding,
+  stochastic_rounding=False rounds to nearest (the same for every seed)."""
+  tokens = jnp.asarray(np.random.default_rng(13).integers(0, 61, (2, 9)))
+  batch = (tokens[:, :-1], tokens[:, 1:])
+  cfg = TINY.__class__(**{**TINY.__dict__, "dtype": jnp.bfloat16,
+                          "param_dtype": jnp.bfloat16})
+
+  def table_after_one_step(seed, stochastic_rounding=True):
+    model = Llama(cfg, embed_cls=functools.partial(
+        fj.ForgeEmbed, optimizer=fj.sgd(0.3),
+        stochastic_rounding=stochastic_rounding))
+    v = model.init(jax.random.key(0), tokens)
+    state = fj.TrainState.create(apply_fn=model.apply, variables=v,
+                                 tx=optax.sgd(0.3), seed=seed)
+    step = fj.make_train_step(lambda vv, b: cross_entropy_loss(
+        model.apply(vv, b[0]), b[1]))
+    state, _ = step(state, batch)
+    return np.asarray(state.params["embed"]["embedding"], np.float32)
+
+  a, b = table_after_one_step(0), table_after_one_step(1)
+  assert np.mean(a != b) > 0.01
+  np.testing.assert_array_equal(table_after_one_step(0, False),
+                                table_after_one_step(1, False))
+  assert not np.array_equal(table_after_one_step(0, False), a)
+
+
+def test_one_row_table_reads_that_row_for_every_id():
+  """flax Embed with num_embeddings=1 broadcasts its row to every id, and
+  so does a fused ForgeEmbed: the gradient of every lookup reaches it."""
+  ids = jnp.asarray([[0, 1, 2]])
+  kw = dict(num_embeddings=1, features=4)
+  fused = fj.ForgeEmbed(**kw, optimizer=fj.sgd(0.5))
+  v = fused.init(jax.random.key(0), ids)
+
+  def loss(vv, b):
+    return jnp.sum(fused.apply(vv, b) ** 2)
+
+  state = fj.TrainState.create(apply_fn=fused.apply,
+                               variables=jax.tree.map(jnp.copy, v),
+                               tx=optax.sgd(0.5))
+  new, m = fj.make_train_step(loss)(state, ids)
+  grad = jax.grad(lambda p: jnp.sum(nn.Embed(**kw).apply({"params": p}, ids)
+                                    ** 2))(v["params"])
+  np.testing.assert_allclose(new.params["embedding"],
+                             v["params"]["embedding"] - 0.5 * grad["embedding"],
+                             rtol=1e-6)
+  assert np.isfinite(float(m["loss"]))
+
+
+def test_fused_lookup_has_the_embed_dtype():
+  """dtype= sets the lookup's dtype in a fused step, as in flax Embed."""
+  seen = []
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, ids):
+      x = fj.ForgeEmbed(7, 4, dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                        optimizer=fj.adamw(1e-2), name="embed")(ids)
+      seen.append(x.dtype)
+      return x
+
+  ids = jnp.asarray([[1, 2, 3]])
+  model = Model()
+  state = fj.TrainState.create(apply_fn=model.apply,
+                               variables=model.init(jax.random.key(0), ids),
+                               tx=optax.adamw(1e-2))
+  fj.make_train_step(lambda vv, b: jnp.sum(
+      model.apply(vv, b).astype(jnp.float32)))(state, ids)
+  assert seen and all(d == jnp.bfloat16 for d in seen), seen
+
+
+def test_fused_embedding_refusals():
+  """Data parallelism (a shared table under vmap, a mesh axis of size > 1)
+  and a state stored in another dtype are refused, naming ForgeEmbed."""
+  ids = jnp.asarray([[1, 2, 3], [4, 5, 6]])
+  embed = fj.ForgeEmbed(8, 4, optimizer=fj.adamw(1e-2))
+  v = embed.init(jax.random.key(0), ids)
+
+  def run(loss, variables=v, tx=optax.adamw(1e-2)):
+    state = fj.TrainState.create(apply_fn=embed.apply,
+                                 variables=jax.tree.map(jnp.copy, variables),
+                                 tx=tx)
+    return fj.make_train_step(loss)(state, ids)
+
+  with pytest.raises(ValueError, match="ForgeEmbed at .*vmap"):
+    run(lambda vv, b: jnp.sum(jax.vmap(lambda r: embed.apply(vv, r))(b)))
+  if len(jax.devices()) >= 2:  # tests/conftest.py: two host CPUs
+    mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2],
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    with jax.set_mesh(mesh):
+      with pytest.raises(ValueError, match=r"ForgeEmbed at .*\['data'\]"):
+        run(lambda vv, b: jnp.sum(embed.apply(vv, b)))
+  bf16 = fj.ForgeEmbed(8, 4, optimizer=fj.adamw(1e-2, mu_dtype=jnp.bfloat16))
+  with pytest.raises(ValueError, match="ForgeEmbed at .* stored as float32"):
+    run(lambda vv, b: jnp.sum(bf16.apply(vv, b)))
+
+
+def test_a_layer_with_both_fused_params_is_refused():
+  from forge_jax._src import train_state
+  flat = {("a", "kernel"): 1, ("a", "embedding"): 2, ("b", "kernel"): 3}
+  assert train_state.fused_param_keys(flat, [("b",)]) == (("b", "kernel"),)
+  with pytest.raises(ValueError, match="more than one fused param"):
+    train_state.fused_param_keys(flat, [("a",)])
+  with pytest.raises(ValueError, match="no fused param"):
+    train_state.fused_param_keys(flat, [("c",)])
+
+
+def test_default_slabs(monkeypatch):
+  """'auto' slabs: int8 states of tables of at least twice CHUNK_ELEMENTS
+  elements, CHUNK_ELEMENTS per slab; none for float states or small tables."""
+  from forge_jax._src import transforms
+  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", 1 << 12)
+  int8 = fj.adamw(1e-3, mu_dtype=jnp.int8, nu_dtype=jnp.int8)
+  bf16 = fj.adamw(1e-3, mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16)
+  states = lambda opt, shape: tuple(opt.init_state(shape).values())  # noqa: E731
+  assert embed_lib.default_slab_rows((1024, 64), states(int8, (1024, 64))) == 64
+  assert embed_lib.default_slab_rows((1024, 64), states(bf16, (1024, 64))) is None
+  assert embed_lib.default_slab_rows((100, 64), states(int8, (100, 64))) is None
+  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", None)
+  assert embed_lib.default_slab_rows((1024, 64), states(int8, (1024, 64))) is None
+  # and the slabs run: 'auto' equals one pass
+  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", 1 << 12)
+  rng = np.random.default_rng(14)
+  table = jnp.asarray(rng.standard_normal((1000, 64)), jnp.float32)
+  state = _random_state(int8, (1000, 64), rng)
+  ids = jnp.asarray(rng.integers(0, 1000, 50), jnp.int32)
+  dy = jnp.asarray(rng.standard_normal((50, 64)), jnp.float32)
+  hparams = int8.packed_hyperparams(jnp.int32(2))
+  a = embed_lib.fused_embed_update(ids, dy, table, state, hparams,
+                                   rule=int8.rule)
+  b = embed_lib.fused_embed_update(ids, dy, table, state, hparams,
+                                   rule=int8.rule, slab_rows=None)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)

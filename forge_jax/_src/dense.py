@@ -403,7 +403,8 @@ class ForgeDense(nn.Module):
     kernel, state, probe, seed = fused_variables(
         self, "ForgeDense", where, KERNEL_INPUT, param_dtype, ctx, inputs)
     rule = self.optimizer.rule
-    mesh = _check_kernel_axes(where, self.kernel_axes, kernel.shape, state, rule)
+    mesh = _check_kernel_axes(f"ForgeDense at {where!r}", self.kernel_axes,
+                              kernel.shape, state, rule)
     implementation = fused_dw.resolve_implementation(
         self.implementation or ctx.implementation)
     spec = _Spec(rule=rule, compute_dtype=inputs.dtype,
@@ -442,7 +443,7 @@ def fused_variables(module, layer: str, where: str, input_name: str,
         f" pass the {FORGE_STATE!r} collection returned by model.init, and "
         "train through forge_jax.fused_step / make_train_step")
   weight = module.get_variable(FORGE_STATE, input_name)
-  _refuse_parallel_axes(where, inputs, weight)
+  _refuse_parallel_axes(f"{layer} at {where!r}", inputs, weight)
   state = tuple(module.get_variable(FORGE_STATE, n) for n in rule.state_names)
   for n, s, d in zip(rule.state_names, state, optimizer.state_dtypes):
     if quantization.state_storage_dtype(s) != d:
@@ -463,26 +464,26 @@ def fused_variables(module, layer: str, where: str, input_name: str,
   return weight, state, module.get_variable(FORGE_STATE, PROBE), seed
 
 
-def _refuse_parallel_axes(where: str, inputs, kernel) -> None:
+def _refuse_parallel_axes(who: str, inputs, kernel) -> None:
   """Refuses transformations under which the fused update would be wrong."""
   mesh = jax.sharding.get_abstract_mesh()
   manual = tuple(getattr(mesh, "manual_axes", ()) or ())
   named = tuple(_axis_names())
   if manual or named:
     raise ValueError(
-        f"ForgeDense at {where!r} runs under the mapped axes "
+        f"{who} runs under the mapped axes "
         f"{sorted(set(manual) | set(named))} (shard_map, pmap or a named "
         "vmap). Not supported: over a data-parallel axis each shard would "
         "apply its own partial gradient, where the update needs the "
         "all-reduced dW. Use jax.jit with sharded arrays instead")
   if fused_dw.is_batched(inputs) and not fused_dw.is_batched(kernel):
     raise ValueError(
-        f"ForgeDense at {where!r} runs under jax.vmap/nn.vmap with its inputs "
+        f"{who} runs under jax.vmap/nn.vmap with its inputs "
         "batched and its kernel shared: the per-example fused updates would be "
         "summed. Compute the loss on the whole batch instead")
 
 
-def _check_kernel_axes(where, kernel_axes, shape, state, rule):
+def _check_kernel_axes(who, kernel_axes, shape, state, rule):
   """Validates tensor-parallel ``kernel_axes`` against the context mesh.
 
   Returns the (abstract) mesh, or None without sharding. Refuses any mesh
@@ -494,7 +495,7 @@ def _check_kernel_axes(where, kernel_axes, shape, state, rule):
   if not (isinstance(kernel_axes, (tuple, list)) and len(kernel_axes) == 2
           and all(a is None or isinstance(a, str) for a in kernel_axes)):
     raise ValueError(
-        f"ForgeDense at {where!r}: kernel_axes={kernel_axes!r} must be a pair "
+        f"{who}: kernel_axes={kernel_axes!r} must be a pair "
         "(in_axis, out_axis) of mesh axis names or None")
   mesh = jax.sharding.get_abstract_mesh()
   sizes = {} if getattr(mesh, "empty", True) else dict(mesh.shape)
@@ -502,12 +503,12 @@ def _check_kernel_axes(where, kernel_axes, shape, state, rule):
   for a in named:
     if sizes and a not in sizes:
       raise ValueError(
-          f"ForgeDense at {where!r}: kernel_axes names {a!r}, which is not an "
+          f"{who}: kernel_axes names {a!r}, which is not an "
           f"axis of the mesh {list(sizes)}")
   data_axes = sorted(a for a, n in sizes.items() if n > 1 and a not in named)
   if data_axes:
     raise ValueError(
-        f"ForgeDense at {where!r}: the mesh has the axes {data_axes} of size > 1"
+        f"{who}: the mesh has the axes {data_axes} of size > 1"
         f" that do not split the kernel (kernel_axes={tuple(kernel_axes)}). "
         "Data parallelism over them is not supported by the fused update: "
         "each device would hold the whole kernel shard but only part of the "
@@ -518,36 +519,36 @@ def _check_kernel_axes(where, kernel_axes, shape, state, rule):
     return None
   if not sizes:
     raise ValueError(
-        f"ForgeDense at {where!r}: kernel_axes={tuple(kernel_axes)} needs a "
+        f"{who}: kernel_axes={tuple(kernel_axes)} needs a "
         "mesh: run the step under `with jax.set_mesh(mesh):`")
   if len(set(named)) != len(named):
-    raise ValueError(f"ForgeDense at {where!r}: kernel_axes={tuple(kernel_axes)}"
+    raise ValueError(f"{who}: kernel_axes={tuple(kernel_axes)}"
                      " names the same mesh axis twice")
   types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()) or ()))
   explicit = [a for a in named
               if a in types and types[a] != jax.sharding.AxisType.Auto]
   if explicit:
     raise ValueError(
-        f"ForgeDense at {where!r}: kernel_axes needs mesh axes of type Auto, "
+        f"{who}: kernel_axes needs mesh axes of type Auto, "
         f"but {explicit} are {[str(types[a]) for a in explicit]}: make the mesh "
         "with jax.make_mesh(..., axis_types=(jax.sharding.AxisType.Auto, ...))")
   n = [sizes[a] if a else 1 for a in kernel_axes]
   if shape[0] % n[0] or shape[1] % n[1]:
     raise ValueError(
-        f"ForgeDense at {where!r}: the kernel {tuple(shape)} does not split "
+        f"{who}: the kernel {tuple(shape)} does not split "
         f"evenly over kernel_axes={tuple(kernel_axes)} of sizes {tuple(n)}")
   local = (shape[0] // n[0], shape[1] // n[1])
   full_state = rule.state_shape(tuple(shape))
   local_state = rule.state_shape(local)
   if (local_state[0] * n[0], local_state[1] * n[1]) != tuple(full_state):
     raise ValueError(
-        f"ForgeDense at {where!r}: the optimizer state {tuple(full_state)} does "
+        f"{who}: the optimizer state {tuple(full_state)} does "
         f"not split into shards {local_state} of the kernel shards {local} "
         "(a fold block would cross a shard boundary)")
   if quantization.any_quantized(state) and (
       local_state[1] % quantization.BLOCK_SIZE and n[1] > 1):
     raise ValueError(
-        f"ForgeDense at {where!r}: int8 state needs each column shard's state "
+        f"{who}: int8 state needs each column shard's state "
         f"width ({local_state[1]}) to be a multiple of "
         f"{quantization.BLOCK_SIZE} (quantization blocks may not cross shards)")
   return mesh

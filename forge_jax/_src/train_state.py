@@ -353,8 +353,9 @@ def _check_backward_traces(ctx: dense_lib.FusedContext, paths) -> None:
                     f"{FORGE_STATE!r}")
   if problems:
     raise ValueError(
-        "fused step refused, nothing was updated; each fused ForgeDense must "
-        "be used exactly once per step:\n  " + "\n  ".join(problems))
+        "fused step refused, nothing was updated; each fused layer "
+        "(ForgeDense, ForgeEmbed) must be used exactly once per step:\n  "
+        + "\n  ".join(problems))
 
 
 class FusedTrainStep:
@@ -376,8 +377,9 @@ class FusedTrainStep:
     new_state, metrics = self.jitted(state, batch)
     if self.check_backward and not bool(metrics["forge_backward_ok"]):
       raise RuntimeError(
-          "a fused ForgeDense backward ran a number of times other than once "
-          "per kernel in this step (a layer reused inside lax.scan or vmap?). "
+          "a fused layer's backward (ForgeDense, ForgeEmbed) ran a number of "
+          "times other than once per weight in this step (a layer reused "
+          "inside lax.scan or vmap?). "
           "The state passed in was donated and the returned one is wrong: "
           "restore from a checkpoint")
     return new_state, metrics
