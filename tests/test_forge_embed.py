@@ -49,8 +49,8 @@ ODD_SHAPES = [(5, 1, 9, "auto"), (1, 64, 3, None), (200, 70, 1, 64)]
 
 
 @pytest.mark.parametrize("name,v,d,n,slab_rows",
-                         [(o, *s) for o in sorted(OPTIMIZERS) for s in SHAPES]
-                         + [("adamw", *s) for s in ODD_SHAPES])
+                         [(o, *SHAPES[1]) for o in sorted(OPTIMIZERS)]
+                         + [("adamw", *s) for s in SHAPES[:1] + ODD_SHAPES])
 @pytest.mark.parametrize("param_dtype,state_dtype", [
     (jnp.float32, jnp.float32), (jnp.bfloat16, jnp.bfloat16),
     (jnp.float32, jnp.int8), (jnp.bfloat16, jnp.int8)])
@@ -235,7 +235,7 @@ def test_fused_embedding_with_fused_head_and_int8_moments_trains():
   """bf16 table with stochastic rounding and int8 moments, beside a fused
   head: the loss falls and every fused backward ran once."""
   rng = np.random.default_rng(5)
-  tokens = jnp.asarray(rng.integers(0, TINY.vocab_size, (2, 17)), jnp.int32)
+  tokens = jnp.asarray(rng.integers(0, TINY.vocab_size, (2, 13)), jnp.int32)
   batch = (tokens[:, :-1], tokens[:, 1:])
   cfg = TINY.__class__(**{**TINY.__dict__, "dtype": jnp.bfloat16,
                           "param_dtype": jnp.bfloat16})
@@ -250,7 +250,7 @@ def test_fused_embedding_with_fused_head_and_int8_moments_trains():
   step = fj.make_train_step(lambda vv, b: cross_entropy_loss(
       model.apply(vv, b[0]), b[1]))
   losses = []
-  for _ in range(8):
+  for _ in range(6):
     state, m = step(state, batch)
     assert bool(m["forge_backward_ok"])
     losses.append(float(m["loss"]))
