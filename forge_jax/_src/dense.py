@@ -223,6 +223,49 @@ def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
   )(x, dy, kernel, state, hparams, *seeds)
 
 
+def fused_param(module, name: str, init, shape):
+  """``module.param(name, init, shape, module.param_dtype)``, and the list
+  of keys ``init`` was called with: its key when this call creates the param,
+  empty when it exists already (flax then checks its shape by evaluating
+  ``init`` abstractly, whose key must not escape)."""
+  keys = []
+
+  def recording_init(key, *args):
+    keys.append(key)
+    return init(key, *args)
+
+  creating = not module.has_variable("params", name)
+  value = module.param(name, recording_init if creating else init, shape,
+                       module.param_dtype)
+  return value, keys
+
+
+def create_fused_state(module, shape, keys) -> None:
+  """Creates a fused layer's ``forge_state`` variables (when ``module`` has
+  an optimizer and the collection is mutable, i.e. in ``model.init``): the
+  optimizer's state for a param of ``shape``, the probe, and for a bfloat16
+  param with ``stochastic_rounding`` its ``rounding_seed``.
+
+  The seed is a word of the key the param was drawn with (``keys`` from
+  :func:`fused_param`; layers stacked by nn.scan get one seed each, like
+  their params), or of a params rng drawn after the layer's params when they
+  exist already (their values stay flax's). A word of the key, not
+  ``jax.random.bits`` of it: one more threefry per layer made up 45% of the
+  XLA compile time of an unrolled Llama-3.1-8B's init (CPU).
+  """
+  optimizer = module.optimizer
+  if optimizer is None or not module.is_mutable_collection(FORGE_STATE):
+    return  # a plain apply without the collection is the flax layer
+  for name in optimizer.rule.state_names:
+    module.variable(FORGE_STATE, name,
+                    lambda n=name: optimizer.init_state(shape)[n])
+  module.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
+  if (jnp.dtype(module.param_dtype) == jnp.bfloat16
+      and module.stochastic_rounding):
+    module.variable(FORGE_STATE, ROUNDING_SEED, lambda: _seed_from_key(
+        keys[0] if keys else module.make_rng("params")))
+
+
 # ---------------------------------------------------------------------------
 # The layer.
 
@@ -347,35 +390,12 @@ class ForgeDense(nn.Module):
     if jnp.ndim(inputs) < 1:
       raise ValueError("ForgeDense inputs must have at least 1 dimension (..., "
                        f"in), got shape {jnp.shape(inputs)}")
-    kernel_keys = []  # the kernel's init key, when this call creates it
-
-    def kernel_init(key, *args):
-      kernel_keys.append(key)
-      return self.kernel_init(key, *args)
-
-    # Only a kernel created here: flax checks an existing one's shape by
-    # evaluating its initializer abstractly, whose key must not escape.
-    creating = not self.has_variable("params", "kernel")
-    kernel = self.param("kernel", kernel_init if creating else self.kernel_init,
-                        (jnp.shape(inputs)[-1], self.features), self.param_dtype)
+    kernel, kernel_keys = fused_param(
+        self, "kernel", self.kernel_init,
+        (jnp.shape(inputs)[-1], self.features))
     bias = (self.param("bias", self.bias_init, (self.features,),
                        self.param_dtype) if self.use_bias else None)
-    if self.optimizer is not None and self.is_mutable_collection(FORGE_STATE):
-      # Created by model.init; a plain apply without the collection is Dense.
-      for name in self.optimizer.rule.state_names:
-        self.variable(FORGE_STATE, name, lambda n=name: self.optimizer.init_state(
-            kernel.shape)[n])
-      self.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
-      if jnp.dtype(self.param_dtype) == jnp.bfloat16 and self.stochastic_rounding:
-        # This layer's stochastic-rounding stream: a word of the key its
-        # kernel was drawn with (layers stacked by nn.scan get one seed each,
-        # like their params), or of a params rng drawn after kernel and bias
-        # when the params exist already (their values stay flax Dense's).
-        # A word of the key, not jax.random.bits of it: one more threefry per
-        # layer made up 45% of the XLA compile time of an unrolled
-        # Llama-3.1-8B's init (CPU).
-        self.variable(FORGE_STATE, ROUNDING_SEED, lambda: _seed_from_key(
-            kernel_keys[0] if kernel_keys else self.make_rng("params")))
+    create_fused_state(self, kernel.shape, kernel_keys)
 
     ctx = current_context()
     inputs, kernel_c, bias = self.promote_dtype(
@@ -498,7 +518,7 @@ def _check_kernel_axes(who, kernel_axes, shape, state, rule):
         f"{who}: kernel_axes={kernel_axes!r} must be a pair "
         "(in_axis, out_axis) of mesh axis names or None")
   mesh = jax.sharding.get_abstract_mesh()
-  sizes = {} if getattr(mesh, "empty", True) else dict(mesh.shape)
+  sizes = mesh_axis_sizes()
   named = [a for a in kernel_axes if a is not None]
   for a in named:
     if sizes and a not in sizes:
@@ -552,6 +572,12 @@ def _check_kernel_axes(who, kernel_axes, shape, state, rule):
         f"width ({local_state[1]}) to be a multiple of "
         f"{quantization.BLOCK_SIZE} (quantization blocks may not cross shards)")
   return mesh
+
+
+def mesh_axis_sizes() -> dict:
+  """{axis name: size} of the context mesh (``jax.set_mesh``); {} without."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return {} if getattr(mesh, "empty", True) else dict(mesh.shape)
 
 
 def _axis_names():

@@ -314,27 +314,10 @@ class ForgeEmbed(nn.Embed):
           f"ForgeEmbed.optimizer: the rule {self.optimizer.rule.name!r} is not "
           "elementwise (folded moments); use an elementwise one such as "
           "forge_jax.adamw")
-    keys = []
-
-    def embedding_init(key, *args):
-      keys.append(key)
-      return self.embedding_init(key, *args)
-
-    creating = not self.has_variable("params", "embedding")
-    self.embedding = self.param(
-        "embedding", embedding_init if creating else self.embedding_init,
-        (self.num_embeddings, self.features), self.param_dtype)
-    if self.optimizer is not None and self.is_mutable_collection(FORGE_STATE):
-      shape = (self.num_embeddings, self.features)
-      for name in self.optimizer.rule.state_names:
-        self.variable(FORGE_STATE, name,
-                      lambda n=name: self.optimizer.init_state(shape)[n])
-      self.variable(FORGE_STATE, dense_lib.PROBE, jnp.zeros, (), jnp.float32)
-      if (jnp.dtype(self.param_dtype) == jnp.bfloat16
-          and self.stochastic_rounding):
-        self.variable(FORGE_STATE, dense_lib.ROUNDING_SEED,
-                      lambda: dense_lib._seed_from_key(  # pylint: disable=protected-access
-                          keys[0] if keys else self.make_rng("params")))
+    shape = (self.num_embeddings, self.features)
+    self.embedding, keys = dense_lib.fused_param(
+        self, "embedding", self.embedding_init, shape)
+    dense_lib.create_fused_state(self, shape, keys)
 
   def _fused(self):
     ctx = dense_lib.current_context()
@@ -354,9 +337,8 @@ class ForgeEmbed(nn.Embed):
         self, "ForgeEmbed", where, EMBEDDING_INPUT, self.param_dtype, ctx,
         inputs)
     rule = self.optimizer.rule
-    mesh = jax.sharding.get_abstract_mesh()
-    sizes = {} if getattr(mesh, "empty", True) else dict(mesh.shape)
-    parallel = sorted(a for a, size in sizes.items() if size > 1)
+    parallel = sorted(a for a, size in dense_lib.mesh_axis_sizes().items()
+                      if size > 1)
     if parallel:
       raise ValueError(
           f"ForgeEmbed at {where!r}: the mesh has the axes {parallel} of size "
