@@ -118,6 +118,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   initialized directly into its shards and the step runs under
   ``jax.set_mesh``; the peak reported is the largest over the devices.
   """
+  if embedding not in ("fused", "unfused"):
+    raise ValueError(f"embedding={embedding!r} must be 'fused' or 'unfused'")
   t_phase = time.perf_counter()  # "init" counts the imports below too
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
