@@ -33,6 +33,7 @@ per-block rematerialization (``remat``).
     python -m experiments.memory_llama --tp 2 --optimizers forge-int8  # 2 GPUs
     python -m experiments.memory_llama --attention cudnn  # flash attention
     python -m experiments.memory_llama --logits-dtype float32  # fp32 logits
+    python -m experiments.memory_llama --peak-report  # what fills the peak
 
 Prints one markdown table last and writes JSON to ``--out``.
 """
@@ -45,11 +46,14 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from experiments import _runs
+from experiments import peak_report
 
 GiB = 1024**3
 OPTIMIZERS = ("optax", "forge-bf16", "forge-int8", "forge-fold-int8")
@@ -249,6 +253,33 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               device=jax.devices()[0].device_kind, jax=jax.__version__)
 
 
+def write_peak_report(dump_dir: str, path: str, top: int = 10) -> dict:
+  """Writes the step's peak report (experiments/peak_report) to ``path``.
+
+  Returns:
+    The JSON summary: ``path``, ``peak_index``, ``parameter_bytes``,
+    ``other_bytes``, ``by_buffer`` (bytes live at the peak per kind of
+    allocation: ``argument``, ``temp``, ...) and the ``top`` largest values
+    outside argument buffers as
+    ``[bytes, shape, op_name]``; ``{"error": ...}`` if the dump has no live
+    ranges of the step.
+  """
+  try:
+    report = peak_report.summarize(dump_dir, "jit_step")
+  except (FileNotFoundError, ValueError) as e:
+    return {"error": str(e)[:300]}
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w") as f:
+    f.write(peak_report.format_report(report) + "\n")
+  return dict(path=path, peak_index=report.peak_index,
+              parameter_bytes=report.parameter_bytes,
+              other_bytes=report.other_bytes,
+              by_buffer={k: report.bytes_in(k) for k in (
+                  "argument", "temp", "output", "constant", "other", "?")
+                         if report.bytes_in(k)},
+              top=[[v.bytes, v.shape, v.op_name] for v in report.others()[:top]])
+
+
 def _layout_label(row: dict) -> str:
   """The layout, plus the attention and logits dtype when not the defaults
   of the first runs (einsum attention, float32 logits)."""
@@ -331,6 +362,11 @@ def main(argv=None):
                  help="the untied embedding of the FORGE variants on one GPU: "
                  "a ForgeEmbed (fused, default) or a flax Embed trained by "
                  "the step's fj.adamw (unfused)")
+  p.add_argument("--peak-report", action="store_true",
+                 help="dump each variant's compiled step (XLA_FLAGS "
+                 "--xla_dump_to) and write what is live at its memory peak "
+                 "(experiments/peak_report) to OUT/peak_<variant>.txt; the "
+                 "JSON row gets a 'peak_live' summary")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
@@ -365,9 +401,15 @@ def main(argv=None):
                        tp=a.tp, attention=a.attention,
                        logits_dtype=a.logits_dtype,
                        implementation=None if opt == "optax" else a.implementation)
+        env = child_env()
+        dump = None
+        if a.peak_report:
+          dump = tempfile.mkdtemp(prefix="forge_jax_dump_")
+          env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
+                              " --xla_dump_hlo_module_re=jit_step").strip()
         try:
           proc = subprocess.run(cmd, capture_output=True, text=True,
-                                timeout=a.timeout, env=child_env())
+                                timeout=a.timeout, env=env)
           line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
           # The exception's own line, not jax's traceback-filtering note.
           err = [x for x in proc.stderr.strip().splitlines()
@@ -378,6 +420,11 @@ def main(argv=None):
                   proc.stdout)))
         except subprocess.TimeoutExpired as e:
           row = dict(variant, error=timeout_error(a.timeout, e.stdout))
+        if dump is not None:
+          if "error" not in row:
+            row["peak_live"] = write_peak_report(
+                dump, os.path.join(a.out, f"peak_{a.model}_T{t}_{opt}_{layout}.txt"))
+          shutil.rmtree(dump, ignore_errors=True)
         rows.append(row)
         print(json.dumps(row), flush=True)
   print_table(rows)

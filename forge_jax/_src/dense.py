@@ -140,6 +140,14 @@ class _Spec:
 
 
 def _matmul(spec: _Spec, x, kernel):
+  # The barrier ties the kernel to this layer's input, so that XLA cannot
+  # compute anything from the kernel before the input exists. Without it,
+  # XLA's GPU dot merger concatenates the kernels of sibling projections that
+  # read the same input (q/k/v) and its scheduler hoists the concatenated
+  # copies of every layer to the start of the step: in the unrolled
+  # Llama-3.1-8B step, 1.5 GiB of them were live at once at the peak
+  # (docs/results.md, "Stop 20"). The barrier moves no data.
+  x, kernel = lax.optimization_barrier((x, kernel))
   return lax.dot_general(
       x, kernel.astype(spec.compute_dtype), (((x.ndim - 1,), (0,)), ((), ())),
       precision=spec.precision)
@@ -161,8 +169,12 @@ def _forge_linear_bwd(spec, residuals, dy):
   state = quantization.from_float_view(state)
   spec.context.record_backward(spec.path)
   # dx reads the old kernel; the fused kernel then overwrites it in place.
-  # XLA orders the two by itself (experiments/inplace_memory.py checks the
-  # compiled HLO for copies of the kernel and moments: there are none).
+  # XLA orders the two by itself: in small steps with no copy of the kernel
+  # or moments (experiments/inplace_memory.py checks the compiled HLO), but
+  # in the unrolled Llama-3.1-8B step its scheduler runs some updates before
+  # their dx and keeps a copy of those kernels (1.5 GiB; docs/results.md,
+  # "Stop 20"). Forcing the order with a barrier removed the copies there but
+  # grew XLA's temp allocation from 3.3 to 7.3 GiB, so it is not done.
   dx = lax.dot_general(
       dy, kernel.astype(spec.compute_dtype),
       (((dy.ndim - 1,), (1,)), ((), ())), precision=spec.precision
