@@ -407,6 +407,8 @@ def main(argv=None):
           dump = tempfile.mkdtemp(prefix="forge_jax_dump_")
           env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
                               " --xla_dump_hlo_module_re=jit_step").strip()
+          # A step read from JAX's persistent cache is not compiled: no dump.
+          env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
         try:
           proc = subprocess.run(cmd, capture_output=True, text=True,
                                 timeout=a.timeout, env=env)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -35,7 +36,8 @@ _STEP = textwrap.dedent("""
 def step_dump(tmp_path_factory):
   dump = str(tmp_path_factory.mktemp("dump"))
   env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={dump} "
-             "--xla_dump_hlo_module_re=jit_step", JAX_PLATFORMS="cpu")
+             "--xla_dump_hlo_module_re=jit_step", JAX_PLATFORMS="cpu",
+             JAX_ENABLE_COMPILATION_CACHE="false")  # XLA must compile: dump
   out = subprocess.run([sys.executable, "-c", _STEP], capture_output=True,
                        text=True, env=env, check=True, cwd=ROOT)
   return dump, int(out.stdout.split()[-1])
@@ -91,3 +93,27 @@ def test_memory_llama_writes_a_peak_report_per_variant(tmp_path):
   assert peak["top"] and all(b > 0 for b, _, _ in peak["top"])
   saved = json.load(open(glob.glob(str(tmp_path / "memory_*.json"))[0]))
   assert saved[0]["peak_live"] == peak
+
+
+def test_peak_report_children_compile_and_dump(monkeypatch, tmp_path):
+  # A step read from a persistent compilation cache (a user's, or this test
+  # session's) is not compiled, so XLA would write no dump: the child runs
+  # without it, with the dump flags added to the caller's own XLA_FLAGS.
+  seen = []
+
+  def fake_run(cmd, **kw):
+    seen.append(kw["env"])
+    return types.SimpleNamespace(stdout="", stderr="ValueError: not run")
+
+  monkeypatch.setattr(memory_llama.subprocess, "run", fake_run)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_foo=1")
+  rows = memory_llama.main(["--model", "cpu-tiny", "--tokens", "16", "--optimizers",
+                            "optax", "--layouts", "scan", "--peak-report",
+                            "--out", str(tmp_path)])
+  env = seen[0]
+  assert env["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+  assert env["XLA_FLAGS"].startswith("--xla_foo=1 --xla_dump_to=")
+  assert "--xla_dump_hlo_module_re=jit_step" in env["XLA_FLAGS"]
+  dump = env["XLA_FLAGS"].split("--xla_dump_to=")[1].split()[0]
+  assert not os.path.exists(dump)  # removed after the variant
+  assert "peak_live" not in rows[0]  # the variant failed: no report
