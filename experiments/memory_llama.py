@@ -365,7 +365,7 @@ def main(argv=None):
   p.add_argument("--peak-report", action="store_true",
                  help="dump each variant's compiled step (XLA_FLAGS "
                  "--xla_dump_to) and write what is live at its memory peak "
-                 "(experiments/peak_report) to OUT/peak_<variant>.txt; the "
+                 "(experiments/peak_report) to OUT/peak_<model>_<run>_<i>_<variant>.txt; the "
                  "JSON row gets a 'peak_live' summary")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
@@ -386,6 +386,7 @@ def main(argv=None):
                                          a.implementation, a.embedding)))
     return None
   rows = []
+  stamp = int(time.time())  # names this run's files
   for t in [int(v) for v in a.tokens.split(",")]:
     for opt in a.optimizers.split(","):
       for layout in a.layouts.split(","):
@@ -424,14 +425,14 @@ def main(argv=None):
           row = dict(variant, error=timeout_error(a.timeout, e.stdout))
         if dump is not None:
           if "error" not in row:
-            row["peak_live"] = write_peak_report(
-                dump, os.path.join(a.out, f"peak_{a.model}_T{t}_{opt}_{layout}.txt"))
+            row["peak_live"] = write_peak_report(dump, os.path.join(
+                a.out, f"peak_{a.model}_{stamp}_{len(rows)}_T{t}_{opt}_{layout}.txt"))
           shutil.rmtree(dump, ignore_errors=True)
         rows.append(row)
         print(json.dumps(row), flush=True)
   print_table(rows)
   os.makedirs(a.out, exist_ok=True)
-  path = os.path.join(a.out, f"memory_{a.model}_{int(time.time())}.json")
+  path = os.path.join(a.out, f"memory_{a.model}_{stamp}.json")
   with open(path, "w") as f:
     json.dump(rows, f, indent=1)
   print(f"wrote {path}")

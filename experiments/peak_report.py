@@ -15,11 +15,14 @@ Usage::
   python -m experiments.peak_report /tmp/dump [--module jit_step] [--top 40]
 
 ``python -m experiments.memory_llama --peak-report`` does both for each
-variant it measures. The sizes are XLA's, per value; values that XLA places
-in one buffer are listed once each, so the sum can exceed the buffer it
-needs, and the allocation that ``memory_analysis()`` reports can exceed the
-sum (fragmentation). Both are the compiled program's, on whatever backend
-compiled it (the GPU's differs from the CPU's).
+variant it measures. The sizes are XLA's, per value. Values that share one
+buffer (an in-place op's operand and result) are each listed, but counted
+once in the totals; the allocation that ``memory_analysis()`` reports can
+exceed what is live at the peak (fragmentation). All of it is the compiled
+program's, on whatever backend compiled it (the GPU's differs from the
+CPU's). A program read from JAX's persistent compilation cache is not
+compiled, so XLA writes no dump for it: run with the cache off
+(``JAX_ENABLE_COMPILATION_CACHE=false``).
 """
 
 from __future__ import annotations
@@ -30,11 +33,6 @@ import dataclasses
 import glob
 import os
 import re
-
-_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1,
-          "f8e5m2": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
-          "c128": 16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +48,8 @@ class Value:
   buffer: str = "?"  # where XLA placed it: "argument" (an argument's buffer:
   # the argument itself, or a value written in place over a donated one),
   # "temp" (the temp allocation), "output", "constant", or "?" (not found)
+  slot: tuple[int, int] | None = None  # (allocation, offset): values that
+  # share one buffer (an in-place op's operand and result) share a slot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,17 +65,24 @@ class PeakReport:
   # so no shapes, op names, or parameters told apart
 
   @property
+  def live_bytes(self) -> int:
+    """All bytes live at the peak, a buffer shared by several values once."""
+    return _distinct_bytes(self.values)
+
+  @property
   def parameter_bytes(self) -> int:
     """The step's own arguments, still live (not yet overwritten)."""
-    return sum(v.bytes for v in self.values if v.parameter)
+    return _distinct_bytes([v for v in self.values if v.parameter])
 
   @property
   def other_bytes(self) -> int:
-    return sum(v.bytes for v in self.values if not v.parameter)
+    """:attr:`live_bytes` less :attr:`parameter_bytes`."""
+    return self.live_bytes - self.parameter_bytes
 
   def bytes_in(self, buffer: str) -> int:
-    """Bytes of the values XLA placed in ``buffer`` ("argument", "temp", ...)."""
-    return sum(v.bytes for v in self.values if v.buffer == buffer)
+    """Bytes live in ``buffer`` kinds ("argument", "temp", ...), each shared
+    buffer once."""
+    return _distinct_bytes([v for v in self.values if v.buffer == buffer])
 
   def others(self) -> list[Value]:
     """The values that are neither arguments nor written over one: with the
@@ -95,8 +102,29 @@ class PeakReport:
     return [(k, b, count[k]) for k, b in size.most_common()]
 
 
+def _distinct_bytes(values) -> int:
+  """Sum of sizes, counting each (allocation, offset) slot once (its largest)."""
+  slots, loose = {}, 0
+  for v in values:
+    if v.slot is None:
+      loose += v.bytes
+    else:
+      slots[v.slot] = max(slots.get(v.slot, 0), v.bytes)
+  return loose + sum(slots.values())
+
+
+def _module_of(path: str) -> tuple[int, str]:
+  """(number, name) of a dump file ``module_<number>.<name>.<...>``."""
+  parts = os.path.basename(path).split(".")
+  m = re.fullmatch(r"module_(\d+)", parts[0])
+  return (int(m.group(1)) if m else -1), (parts[1] if len(parts) > 2 else "")
+
+
 def find_dump(dump_dir: str, module: str = "jit_step") -> tuple[str, str]:
-  """The live-range file of the last dumped module whose name holds ``module``.
+  """The live-range file of the last dumped module named ``module``.
+
+  The last: the highest module number, i.e. the latest compile of a function
+  of that name (e.g. ``jit_step`` for a function named ``step``).
 
   Returns:
     ``(live_range_path, optimized_hlo_path)``.
@@ -105,25 +133,15 @@ def find_dump(dump_dir: str, module: str = "jit_step") -> tuple[str, str]:
     FileNotFoundError: If ``dump_dir`` has no such file (the message says
       which XLA_FLAGS write it).
   """
-  found = sorted(f for f in glob.glob(os.path.join(dump_dir, "*-live-range.txt"))
-                 if module in os.path.basename(f))
+  found = sorted((f for f in glob.glob(os.path.join(dump_dir, "*-live-range.txt"))
+                  if _module_of(f)[1] == module), key=_module_of)
   if not found:
     raise FileNotFoundError(
-        f"no *-live-range.txt for a module named like {module!r} in "
+        f"no *-live-range.txt for a module named {module!r} in "
         f"{dump_dir!r}; run the program with XLA_FLAGS=\"--xla_dump_to="
         f"{dump_dir} --xla_dump_hlo_module_re={module}\"")
   live = found[-1]
   return live, live[:-len("-live-range.txt")] + ".txt"
-
-
-def _shape_bytes(shape: str) -> int:
-  m = re.fullmatch(r"(\w+)\[([\d,]*)\]", shape)
-  if not m or m.group(1) not in _BYTES:
-    return 0
-  n = 1
-  for d in filter(None, m.group(2).split(",")):
-    n *= int(d)
-  return n * _BYTES[m.group(1)]
 
 
 _DEF = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
@@ -152,14 +170,16 @@ def _hlo_info(hlo_path: str) -> dict[str, tuple[str, str, bool]]:
   return info
 
 
-def _buffer_kinds(path: str) -> dict[tuple[str, str], str]:
-  """(value name, tuple index) -> the kind of allocation XLA put it in."""
-  kinds, kind = {}, None
+def _buffer_kinds(path: str) -> dict[tuple[str, str], tuple[str, tuple[int, int]]]:
+  """(value name, tuple index) -> (kind of allocation, (allocation, offset))."""
+  kinds, kind, alloc = {}, None, None
   if not os.path.exists(path):
     return kinds
   with open(path) as f:
     for line in f:
-      if line.startswith("allocation "):
+      m = re.match(r"allocation (\d+): ", line)
+      if m:
+        alloc = int(m.group(1))
         head = line.split("shape |")[0]
         kind = ("argument" if re.search(r", parameter \d+", head) else
                 "temp" if "preallocated-temp" in head else
@@ -167,10 +187,39 @@ def _buffer_kinds(path: str) -> dict[tuple[str, str], str]:
                 "output" if "output shape" in line or "maybe-live-out" in head
                 else "other")
         continue
-      m = re.match(r"\s*value: <\d+ ([\w.\-]+)(?:\{([\d,]*)\})? @", line)
+      # e.g. "value: <106 while.5{1} (phi) @0> (size=524288,offset=0): ..."
+      m = re.match(r"\s*value: <\d+ ([\w.\-]+)(?:\{([\d,]*)\})?[^@>]* @\d+>"
+                   r"(?: \(size=\d+,offset=(\d+)\))?", line)
       if m and kind:
-        kinds[(m.group(1), m.group(2) or "")] = kind
+        offset = int(m.group(3)) if m.group(3) else 0
+        kinds[(m.group(1), m.group(2) or "")] = (kind, (alloc, offset))
   return kinds
+
+
+def _tuple_element(shape: str, index: str) -> str:
+  """The array shape at tuple ``index`` ("1,0") of a (nested) tuple shape."""
+  tokens = re.findall(r"\w+\[[\d,]*\]|\(|\)", shape)
+  pos = 0
+
+  def parse():  # a nested list of array shapes
+    nonlocal pos
+    tok = tokens[pos]
+    pos += 1
+    if tok != "(":
+      return tok
+    items = []
+    while pos < len(tokens) and tokens[pos] != ")":
+      items.append(parse())
+    pos += 1
+    return items
+
+  try:
+    node = parse()
+    for i in index.split(","):
+      node = node[int(i)]
+  except (IndexError, TypeError, ValueError):
+    return ""
+  return node if isinstance(node, str) else ""
 
 
 def summarize(dump_dir: str, module: str = "jit_step") -> PeakReport:
@@ -213,12 +262,10 @@ def summarize(dump_dir: str, module: str = "jit_step") -> PeakReport:
   for name, index, nbytes in raw:
     shape, op, is_param = info.get(name, ("", "", False))
     if index and shape.startswith("("):  # one element of a tuple
-      parts = re.findall(r"\w+\[[\d,]*\]", shape)
-      i = int(index.split(",")[0])
-      shape = parts[i] if i < len(parts) else ""
+      shape = _tuple_element(shape, index)
     op = re.sub(r"^jit\(\w+\)/", "", op)
-    values.append(Value(name, index, nbytes, shape, op, is_param,
-                        kinds.get((name, index), "?")))
+    kind, slot = kinds.get((name, index), ("?", None))
+    values.append(Value(name, index, nbytes, shape, op, is_param, kind, slot))
   values.sort(key=lambda v: (-v.bytes, v.name))
   module_name = os.path.basename(live_path)[:-len("-live-range.txt")]
   return PeakReport(module_name, peak, len(schedule), tuple(schedule),
@@ -232,9 +279,9 @@ def format_report(report: PeakReport, top: int = 40) -> str:
   lines = [
       f"{report.module}: peak at instruction {report.peak_index} of "
       f"{report.schedule_length}",
-      f"live at the peak: {(report.parameter_bytes + report.other_bytes) / gib:.3f}"
-      f" GiB = the step's arguments {report.parameter_bytes / gib:.3f} + other "
-      f"values {report.other_bytes / gib:.3f}",
+      f"live at the peak: {report.live_bytes / gib:.3f} GiB = the step's "
+      f"arguments {report.parameter_bytes / gib:.3f} + other values "
+      f"{report.other_bytes / gib:.3f}",
       "by buffer: " + ", ".join(
           f"{k} {report.bytes_in(k) / gib:.3f}"
           for k in ("argument", "temp", "output", "constant", "other", "?")
@@ -263,7 +310,7 @@ def main(argv=None) -> PeakReport:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("dump_dir", help="the --xla_dump_to directory")
   p.add_argument("--module", default="jit_step",
-                 help="a substring of the module's name (default: %(default)s)")
+                 help="the module's name, jit_<function> (default: %(default)s)")
   p.add_argument("--top", type=int, default=40, help="rows per list")
   a = p.parse_args(argv)
   report = summarize(a.dump_dir, a.module)

@@ -1,5 +1,6 @@
 """experiments/peak_report: what XLA says is live at a compiled step's peak."""
 
+import collections
 import glob
 import json
 import os
@@ -16,19 +17,58 @@ from experiments import peak_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A step whose peak holds a (512, 2048) fp32 matmul result (4 MiB, read again
-# after the next matmul) beside its three arguments of 0.5-2 MiB; the dump
-# flags must be set before jax starts, so it runs in a process of its own.
-_STEP = textwrap.dedent("""
+# Steps compiled in a process of their own (the dump flags must be set before
+# jax starts), each a module of its own name:
+# - step: its peak holds a (512, 2048) fp32 matmul result (4 MiB, read again
+#   after the next matmul) beside its three arguments of 0.5-2 MiB;
+# - while_step: a while loop's result (a "phi" value in XLA's buffer
+#   assignment) still live at the peak after the loop;
+# - scan_step: the peak inside a scan's body, where the body's own parameters
+#   (not the step's) and an in-place sort's operand and result (one buffer)
+#   are live;
+# - donate_step: donated (w, m) written in place, the old w dead at the peak.
+_STEPS = textwrap.dedent("""
+    import json
     import jax, jax.numpy as jnp, numpy as np
+    from jax import lax
+    r = np.random.default_rng(0)
+    rnd = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
+
     def step(x, w1, w2):
       a = x @ w1
       return (jnp.tanh(a) @ w2).sum() + a[0, 0]
-    r = np.random.default_rng(0)
-    args = [jnp.asarray(r.standard_normal(s), jnp.float32)
-            for s in ((512, 256), (256, 2048), (2048, 64))]
-    c = jax.jit(step).lower(*args).compile()
-    print(c.memory_analysis().temp_size_in_bytes)
+
+    def while_step(x, w, big):
+      def body(c):
+        i, a = c
+        return i + 1, jnp.tanh(a @ w)
+      i, a = lax.while_loop(lambda c: c[0] < 3, body, (0, x))
+      b = jnp.sort(a @ big, axis=1)
+      return jnp.sort(b * 2, axis=0).sum() + b[0, 0] + a[3, 3] + i
+
+    def scan_step(x, ws):
+      def body(c, w):
+        a, b = c
+        t = jnp.sort(a @ w, axis=1)
+        return (jnp.tanh(t[:, :512]) + b, a), t[0].sum()
+      (a, b), ys = lax.scan(body, (x, x * 2), ws)
+      return a.sum() + b.sum() + ys.sum()
+
+    def donate_step(state, b):
+      w, m = state
+      a = b @ w
+      return (w - 0.1 * (b.T @ a), m * 0.9), (jnp.tanh(a) @ w).sum()
+
+    out = {}
+    for f, args, donate in (
+        (step, (rnd(512, 256), rnd(256, 2048), rnd(2048, 64)), ()),
+        (while_step, (rnd(256, 512), rnd(512, 512), rnd(512, 4096)), ()),
+        (scan_step, (rnd(256, 512), rnd(3, 512, 4096)), ()),
+        (donate_step, ((rnd(512, 512), rnd(512, 512)), rnd(256, 512)), (0,))):
+      ma = jax.jit(f, donate_argnums=donate).lower(*args).compile().memory_analysis()
+      out["jit_" + f.__name__] = dict(temp=ma.temp_size_in_bytes,
+                                      argument=ma.argument_size_in_bytes)
+    print(json.dumps(out))
 """)
 
 
@@ -36,30 +76,86 @@ _STEP = textwrap.dedent("""
 def step_dump(tmp_path_factory):
   dump = str(tmp_path_factory.mktemp("dump"))
   env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={dump} "
-             "--xla_dump_hlo_module_re=jit_step", JAX_PLATFORMS="cpu",
+             "--xla_dump_hlo_module_re=jit_.*step", JAX_PLATFORMS="cpu",
              JAX_ENABLE_COMPILATION_CACHE="false")  # XLA must compile: dump
-  out = subprocess.run([sys.executable, "-c", _STEP], capture_output=True,
+  out = subprocess.run([sys.executable, "-c", _STEPS], capture_output=True,
                        text=True, env=env, check=True, cwd=ROOT)
-  return dump, int(out.stdout.split()[-1])
+  return dump, json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_the_report_finds_the_largest_temporaries(step_dump):
-  dump, temp_bytes = step_dump
+  dump, sizes = step_dump
+  temp_bytes = sizes["jit_step"]["temp"]
   report = peak_report.summarize(dump)
   others = report.others()
   assert others[0].shape == "f32[512,2048]" and others[0].buffer == "temp"
   assert others[0].bytes == 512 * 2048 * 4
   assert "dot_general" in others[0].op_name or "tanh" in others[0].op_name
+  assert not others[0].op_name.startswith("jit(")  # the step's prefix dropped
   assert all(v.bytes < others[0].bytes for v in others[1:] if v.shape != others[0].shape)
   # The arguments are told apart and sit in argument buffers; what the temp
   # allocation holds at the peak fits in the allocation XLA reports.
   params = [v for v in report.values if v.parameter]
   assert params and all(v.buffer == "argument" for v in params)
   assert 0 < report.bytes_in("temp") <= temp_bytes
-  assert report.parameter_bytes + report.other_bytes == sum(v.bytes for v in report.values)
+  assert report.parameter_bytes + report.other_bytes == report.live_bytes
   assert 0 <= report.peak_index < report.schedule_length
-  text = peak_report.format_report(report, top=5)
+  text = peak_report.format_report(report, top=2)
   assert "f32[512,2048]" in text and "peak at instruction" in text
+  assert len(others) > 2
+  listed = text.split("largest values")[1].split("the same by operation")[0]
+  assert len(listed.strip().splitlines()) == 1 + 2  # the heading and `top` rows
+
+
+@pytest.mark.parametrize("module", ["jit_while_step", "jit_scan_step"])
+def test_values_of_loops_are_placed_and_counted_once(step_dump, module):
+  dump, sizes = step_dump
+  report = peak_report.summarize(dump, module)
+  assert report.module.split(".")[1] == module
+  # Every value has its buffer (a while loop's result is a "phi" value in the
+  # buffer assignment); only the step's own arguments count as parameters,
+  # not the loop body's.
+  assert all(v.buffer != "?" for v in report.values)
+  assert all(v.buffer == "argument" for v in report.values if v.parameter)
+  assert any(v.name.startswith("while") for v in report.values) or module != "jit_while_step"
+  # One buffer, two values (an in-place op's operand and result) counts once:
+  # the temp live at the peak fits in the temp allocation.
+  assert 0 < report.bytes_in("temp") <= sizes[module]["temp"]
+  slots = collections.Counter(v.slot for v in report.values)
+  if module == "jit_scan_step":
+    assert max(slots.values()) > 1
+    assert sum(v.bytes for v in report.values) > report.live_bytes
+
+
+def test_donated_arguments_overwritten_in_place(step_dump):
+  dump, sizes = step_dump
+  report = peak_report.summarize(dump, "jit_donate_step")
+  assert report.bytes_in("argument") <= sizes["jit_donate_step"]["argument"]
+  # The new w sits in the old w's buffer while the old w is dead: in an
+  # argument buffer, but not a live argument of the step.
+  assert report.parameter_bytes < report.bytes_in("argument")
+
+
+def test_nested_tuple_elements_and_module_choice(tmp_path):
+  shape = "((f32[8], f32[16]), (f32[64], f32[128]), s8[3])"
+  assert [peak_report._tuple_element(shape, i) for i in ("0,1", "1,0", "1,1", "2")] == [
+      "f32[16]", "f32[64]", "f32[128]", "s8[3]"]
+  assert peak_report._tuple_element(shape, "3") == ""
+  # The latest compile of exactly the module asked for, numerically.
+  for name in ("module_9999.jit_step", "module_10001.jit_step",
+               "module_10002.jit_step_eval", "module_10003.jit_other_step"):
+    (tmp_path / f"{name}.cpu_after_optimizations-live-range.txt").write_text("x")
+  live, hlo = peak_report.find_dump(str(tmp_path))
+  assert os.path.basename(live).startswith("module_10001.jit_step.")
+  assert hlo.endswith("module_10001.jit_step.cpu_after_optimizations.txt")
+
+
+def test_layers_are_grouped():
+  v = lambda name, op, b: peak_report.Value(name, "", b, "f32[4]", op, False, "temp", (0, b))  # noqa: E731
+  report = peak_report.PeakReport("m", 1, 3, ("a", "b", "c"), (
+      v("a", "x/layers_3/mlp/mul", 64), v("b", "x/layers_12/mlp/mul", 32),
+      v("c", "x/head/mul", 16)))
+  assert report.grouped() == [("x/layers_N/mlp/mul", 96, 2), ("x/head/mul", 16, 1)]
 
 
 def test_without_the_hlo_the_report_says_what_it_cannot_tell(step_dump, tmp_path):
