@@ -3,9 +3,11 @@
 For a published architecture (``forge_jax.models.llama`` presets
 ``llama3.1-8b``, ``qwen3-14b``, ``qwen3-32b``; random weights, bf16 storage
 and compute) and T tokens per step (batch 1), each variant is built, compiled
-and run in its own process, and reports XLA's ``memory_analysis()``
-(arguments, outputs, aliased, temp), the live ``peak_bytes_in_use`` after 3
-steps, the median step time and tokens/s, and the seconds spent building the
+and run in its own process (on the GPU; ``cpu-tiny`` runs anywhere, as a
+smoke test, where the live peak is "n/a"), and reports XLA's
+``memory_analysis()`` (arguments, outputs, aliased, temp), the live
+``peak_bytes_in_use`` after ``--steps`` steps (default 6), the median step
+time of the steps after the first two and tokens/s, and the seconds spent building the
 model and state, lowering the step and compiling it (a variant that runs out
 of ``--timeout`` is reported with the phase it was in):
 

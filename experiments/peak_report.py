@@ -17,10 +17,13 @@ Usage::
 ``python -m experiments.memory_llama --peak-report`` does both for each
 variant it measures. The sizes are XLA's, per value. Values that share one
 buffer (an in-place op's operand and result) are each listed, but counted
-once in the totals; the allocation that ``memory_analysis()`` reports can
-exceed what is live at the peak (fragmentation). All of it is the compiled
-program's, on whatever backend compiled it (the GPU's differs from the
-CPU's). A program read from JAX's persistent compilation cache is not
+once in the totals (XLA's own "stack trace breakdown" in the same file counts
+them twice). The peak is that of everything live, arguments included, so the
+temp live there can be less than ``memory_analysis()``'s temp size: that
+allocation is sized for the temporaries' own maximum, which can fall
+elsewhere, plus fragmentation. Values written in place over donated arguments
+sit in argument buffers. All of it is the compiled program's, on whatever
+backend compiled it (the GPU's differs from the CPU's). A program read from JAX's persistent compilation cache is not
 compiled, so XLA writes no dump for it: run with the cache off
 (``JAX_ENABLE_COMPILATION_CACHE=false``).
 """
@@ -120,6 +123,12 @@ def _module_of(path: str) -> tuple[int, str]:
   return (int(m.group(1)) if m else -1), (parts[1] if len(parts) > 2 else "")
 
 
+def dumped_modules(dump_dir: str) -> list[str]:
+  """Names of the modules with live ranges in ``dump_dir``, sorted."""
+  return sorted({_module_of(f)[1] for f in
+                 glob.glob(os.path.join(dump_dir, "*-live-range.txt"))})
+
+
 def find_dump(dump_dir: str, module: str = "jit_step") -> tuple[str, str]:
   """The live-range file of the last dumped module named ``module``.
 
@@ -136,10 +145,13 @@ def find_dump(dump_dir: str, module: str = "jit_step") -> tuple[str, str]:
   found = sorted((f for f in glob.glob(os.path.join(dump_dir, "*-live-range.txt"))
                   if _module_of(f)[1] == module), key=_module_of)
   if not found:
+    others = dumped_modules(dump_dir)
     raise FileNotFoundError(
-        f"no *-live-range.txt for a module named {module!r} in "
-        f"{dump_dir!r}; run the program with XLA_FLAGS=\"--xla_dump_to="
-        f"{dump_dir} --xla_dump_hlo_module_re={module}\"")
+        f"no *-live-range.txt for a module named {module!r} in {dump_dir!r} "
+        f"(modules there: {others or 'none'}). A function f jitted is the "
+        f"module jit_f; run the program with XLA_FLAGS=\"--xla_dump_to="
+        f"{dump_dir} --xla_dump_hlo_module_re={module}\" and the persistent "
+        "compilation cache off")
   live = found[-1]
   return live, live[:-len("-live-range.txt")] + ".txt"
 
@@ -148,8 +160,14 @@ _DEF = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
 
 
 def _hlo_info(hlo_path: str) -> dict[str, tuple[str, str, bool]]:
-  """name -> (shape without layout, op_name or opcode, is an entry parameter)."""
-  info, entry = {}, False
+  """name -> (shape without layout, op name, is an entry parameter).
+
+  The op name is the instruction's JAX ``op_name`` metadata. XLA's own
+  instructions (copies, wrapped fusions) have none: they get their opcode
+  and, after an arrow, the op name of their first user that has one, e.g.
+  ``copy -> .../q_proj/dot_general``.
+  """
+  info, entry, user_op = {}, False, {}
   if not os.path.exists(hlo_path):
     return info
   with open(hlo_path) as f:
@@ -165,9 +183,17 @@ def _hlo_info(hlo_path: str) -> dict[str, tuple[str, str, bool]]:
       name, shape, opcode = m.groups()
       shape = re.sub(r"\{[^{}]*\}", "", shape).strip()
       op = re.search(r'op_name="([^"]*)"', line)
-      info[name] = (shape, op.group(1) if op else opcode,
+      info[name] = (shape, op.group(1) if op else None, opcode,
                     entry and opcode == "parameter")
-  return info
+      if op:
+        for operand in re.findall(r"%([\w.\-]+)", line[m.end():]):
+          user_op.setdefault(operand, op.group(1))
+  out = {}
+  for name, (shape, op, opcode, is_param) in info.items():
+    if op is None:
+      op = f"{opcode} -> {user_op[name]}" if name in user_op else opcode
+    out[name] = (shape, op, is_param)
+  return out
 
 
 def _buffer_kinds(path: str) -> dict[tuple[str, str], tuple[str, tuple[int, int]]]:
@@ -263,7 +289,7 @@ def summarize(dump_dir: str, module: str = "jit_step") -> PeakReport:
     shape, op, is_param = info.get(name, ("", "", False))
     if index and shape.startswith("("):  # one element of a tuple
       shape = _tuple_element(shape, index)
-    op = re.sub(r"^jit\(\w+\)/", "", op)
+    op = re.sub(r"(^|-> )jit\(\w+\)/", r"\1", op)
     kind, slot = kinds.get((name, index), ("?", None))
     values.append(Value(name, index, nbytes, shape, op, is_param, kind, slot))
   values.sort(key=lambda v: (-v.bytes, v.name))
@@ -272,21 +298,35 @@ def summarize(dump_dir: str, module: str = "jit_step") -> PeakReport:
                     tuple(values), hlo_found=bool(info))
 
 
+def _size(nbytes: int) -> str:
+  """GiB from 1 GiB up, else MiB, KiB or bytes."""
+  for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    if nbytes >= scale:
+      return f"{nbytes / scale:.3f} {unit}"
+  return f"{nbytes} B"
+
+
+def _tail(op: str, width: int = 120) -> str:
+  """The end of a long op name, cut at a '/'."""
+  if len(op) <= width:
+    return op
+  cut = op[-width:]
+  return "…/" + cut.split("/", 1)[1] if "/" in cut else "…" + cut
+
+
 def format_report(report: PeakReport, top: int = 40) -> str:
   """The report as text: totals, the schedule around the peak, the largest
-  non-parameter values and the same grouped by operation."""
-  gib = 2 ** 30
+  values outside argument buffers and the same grouped by operation."""
   lines = [
       f"{report.module}: peak at instruction {report.peak_index} of "
       f"{report.schedule_length}",
-      f"live at the peak: {report.live_bytes / gib:.3f} GiB = the step's "
-      f"arguments {report.parameter_bytes / gib:.3f} + other values "
-      f"{report.other_bytes / gib:.3f}",
+      f"live at the peak: {_size(report.live_bytes)} = the step's arguments "
+      f"{_size(report.parameter_bytes)} + other values {_size(report.other_bytes)}",
       "by buffer: " + ", ".join(
-          f"{k} {report.bytes_in(k) / gib:.3f}"
+          f"{k} {_size(report.bytes_in(k))}"
           for k in ("argument", "temp", "output", "constant", "other", "?")
-          if report.bytes_in(k)) + " GiB (argument: the arguments and the "
-      "values written in place over them)",
+          if report.bytes_in(k)) + " (argument: the arguments and the values "
+      "written in place over them)",
       "schedule around the peak:"]
   if not report.hlo_found:
     lines.insert(2, "(no optimized HLO beside the live ranges: parameters are "
@@ -299,21 +339,31 @@ def format_report(report: PeakReport, top: int = 40) -> str:
   for v in others[:top]:
     idx = f"{{{v.index}}}" if v.index else ""
     lines.append(f"  {v.bytes / 2**20:10.2f} MiB  {v.buffer:8s} {v.shape:24s} "
-                 f"{v.name}{idx}  {v.op_name[-120:]}")
+                 f"{v.name}{idx}  {_tail(v.op_name)}")
   lines.append("the same by operation (layer index as N):")
   for op, nbytes, n in report.grouped()[:top]:
-    lines.append(f"  {nbytes / 2**20:10.2f} MiB  {n:4d} × {op[-120:]}")
+    lines.append(f"  {nbytes / 2**20:10.2f} MiB  {n:4d} × {_tail(op)}")
   return "\n".join(lines)
 
 
 def main(argv=None) -> PeakReport:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("dump_dir", help="the --xla_dump_to directory")
-  p.add_argument("--module", default="jit_step",
-                 help="the module's name, jit_<function> (default: %(default)s)")
+  p.add_argument("--module",
+                 help="the module: jit_<name of the jitted function> (default: "
+                 "jit_step if dumped, else the only module dumped)")
   p.add_argument("--top", type=int, default=40, help="rows per list")
   a = p.parse_args(argv)
-  report = summarize(a.dump_dir, a.module)
+  module = a.module
+  if module is None:
+    found = dumped_modules(a.dump_dir)
+    module = ("jit_step" if "jit_step" in found or not found
+              else found[0] if len(found) == 1 else None)
+    if module is None:
+      p.error(f"{a.dump_dir} holds several modules, {found}: choose one "
+              "with --module")
+  report = summarize(a.dump_dir, module)
   print(format_report(report, a.top))
   return report
 

@@ -88,6 +88,7 @@ def test_the_report_finds_the_largest_temporaries(step_dump):
   temp_bytes = sizes["jit_step"]["temp"]
   report = peak_report.summarize(dump)
   others = report.others()
+  assert not any(v.parameter or v.buffer == "argument" for v in others)
   assert others[0].shape == "f32[512,2048]" and others[0].buffer == "temp"
   assert others[0].bytes == 512 * 2048 * 4
   assert "dot_general" in others[0].op_name or "tanh" in others[0].op_name
@@ -125,12 +126,18 @@ def test_values_of_loops_are_placed_and_counted_once(step_dump, module):
   if module == "jit_scan_step":
     assert max(slots.values()) > 1
     assert sum(v.bytes for v in report.values) > report.live_bytes
+    # ... while values at other offsets of the temp allocation all count.
+    temps = [v for v in report.values if v.buffer == "temp"]
+    assert len({v.slot for v in temps}) > 2
+    assert report.bytes_in("temp") > max(v.bytes for v in temps)
 
 
 def test_donated_arguments_overwritten_in_place(step_dump):
   dump, sizes = step_dump
   report = peak_report.summarize(dump, "jit_donate_step")
   assert report.bytes_in("argument") <= sizes["jit_donate_step"]["argument"]
+  # Donated arguments (maybe-live-out) are still argument buffers.
+  assert all(v.buffer == "argument" for v in report.values if v.parameter)
   # The new w sits in the old w's buffer while the old w is dead: in an
   # argument buffer, but not a live argument of the step.
   assert report.parameter_bytes < report.bytes_in("argument")
@@ -213,3 +220,29 @@ def test_peak_report_children_compile_and_dump(monkeypatch, tmp_path):
   dump = env["XLA_FLAGS"].split("--xla_dump_to=")[1].split()[0]
   assert not os.path.exists(dump)  # removed after the variant
   assert "peak_live" not in rows[0]  # the variant failed: no report
+
+
+def test_xla_made_values_are_named_by_their_user(step_dump):
+  # XLA's own instructions (copies, constants) carry no JAX op name; the
+  # report names them by the first user that has one.
+  dump, _ = step_dump
+  report = peak_report.summarize(dump, "jit_scan_step")
+  named = [v.op_name for v in report.values if " -> " in v.op_name]
+  assert any(op.startswith("copy -> ") and "while" in op for op in named)
+  assert not any("jit(" in op.split(" -> ")[-1][:4] for op in named)
+
+
+def test_the_command_line_picks_or_asks_for_the_module(step_dump, tmp_path, capsys):
+  dump, _ = step_dump
+  assert peak_report.main([dump]).module.split(".")[1] == "jit_step"
+  for f in glob.glob(os.path.join(dump, "*jit_scan_step*.txt")):
+    shutil.copy(f, tmp_path)
+  # One module, whatever its name: that one.
+  assert peak_report.main([str(tmp_path)]).module.split(".")[1] == "jit_scan_step"
+  for f in glob.glob(os.path.join(dump, "*jit_while_step*.txt")):
+    shutil.copy(f, tmp_path)
+  capsys.readouterr()
+  with pytest.raises(SystemExit):  # several, none jit_step: it asks
+    peak_report.main([str(tmp_path)])
+  err = capsys.readouterr().err
+  assert "jit_scan_step" in err and "jit_while_step" in err and "--module" in err
