@@ -15,8 +15,8 @@ import tempfile  # noqa: E402
 os.environ["FORGE_JAX_AUTOTUNE_CACHE"] = os.path.join(
     tempfile.mkdtemp(prefix="forge_jax_tune_"), "fused_dw_autotune.json")
 
-# JAX's persistent compilation cache, in a fresh directory per test process
-# (never the user's): many tests compile the same step several times (a run,
+# JAX's persistent compilation cache, in a fresh directory per test session
+# (pytest-xdist's workers inherit it; never the user's): many tests compile the same step several times (a run,
 # then its resume, then a resumed run), and XLA's CPU compile is most of their
 # time. A caller's own JAX_COMPILATION_CACHE_DIR wins. Tests that need XLA to
 # compile (its dump files) turn the cache off in their subprocess.

@@ -169,12 +169,13 @@ def _forge_linear_bwd(spec, residuals, dy):
   state = quantization.from_float_view(state)
   spec.context.record_backward(spec.path)
   # dx reads the old kernel; the fused kernel then overwrites it in place.
-  # XLA orders the two by itself: in small steps with no copy of the kernel
-  # or moments (experiments/inplace_memory.py checks the compiled HLO), but
-  # in the unrolled Llama-3.1-8B step its scheduler runs some updates before
-  # their dx and keeps a copy of those kernels (1.5 GiB; docs/results.md,
-  # "Stop 20"). Forcing the order with a barrier removed the copies there but
-  # grew XLA's temp allocation from 3.3 to 7.3 GiB, so it is not done.
+  # XLA orders the two by itself. In small steps it copies neither kernel nor
+  # moments (experiments/inplace_memory.py checks the compiled HLO); in the
+  # unrolled Llama-3.1-8B step its scheduler runs some updates before their
+  # dx and keeps copies of those kernels (1.5 GiB live at the peak;
+  # docs/results.md, "Stop 20"). Forcing the order with a barrier removed the
+  # copies there but grew XLA's temp allocation from 3.3 to 7.3 GiB, so it is
+  # not done.
   dx = lax.dot_general(
       dy, kernel.astype(spec.compute_dtype),
       (((dy.ndim - 1,), (1,)), ((), ())), precision=spec.precision
