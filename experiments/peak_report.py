@@ -46,7 +46,8 @@ class Value:
   index: str  # its tuple index, "" for a plain array
   bytes: int
   shape: str  # e.g. "bf16[2048,4096]" ("" when not found in the HLO)
-  op_name: str  # the JAX op (metadata op_name), else the HLO opcode
+  op_name: str  # the JAX op (metadata op_name); for XLA's own instructions
+  # "<opcode> -> <op_name of its first user>", or the opcode alone
   parameter: bool  # an argument of the entry computation
   buffer: str = "?"  # where XLA placed it: "argument" (an argument's buffer:
   # the argument itself, or a value written in place over a donated one),
