@@ -276,8 +276,7 @@ def write_peak_report(dump_dir: str, path: str, top: int = 10) -> dict:
   return dict(path=path, peak_index=report.peak_index,
               parameter_bytes=report.parameter_bytes,
               other_bytes=report.other_bytes,
-              by_buffer={k: report.bytes_in(k) for k in (
-                  "argument", "temp", "output", "constant", "other", "?")
+              by_buffer={k: report.bytes_in(k) for k in peak_report.BUFFER_KINDS
                          if report.bytes_in(k)},
               top=[[v.bytes, v.shape, v.op_name] for v in report.others()[:top]])
 

@@ -38,6 +38,10 @@ import os
 import re
 
 
+BUFFER_KINDS = ("argument", "temp", "output", "constant", "other", "?")
+"""The kinds of allocation a value can sit in (:attr:`Value.buffer`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Value:
   """One value live at the peak."""
@@ -325,8 +329,7 @@ def format_report(report: PeakReport, top: int = 40) -> str:
       f"{_size(report.parameter_bytes)} + other values {_size(report.other_bytes)}",
       "by buffer: " + ", ".join(
           f"{k} {_size(report.bytes_in(k))}"
-          for k in ("argument", "temp", "output", "constant", "other", "?")
-          if report.bytes_in(k)) + " (argument: the arguments and the values "
+          for k in BUFFER_KINDS if report.bytes_in(k)) + " (argument: the arguments and the values "
       "written in place over them)",
       "schedule around the peak:"]
   if not report.hlo_found:

@@ -104,6 +104,23 @@ def _path_prefix() -> tuple[str, ...]:
   return tuple(getattr(_LOCAL, "prefix", ()))
 
 
+def layer_path(module) -> tuple[tuple[str, ...], str]:
+  """A fused layer's full path (under :func:`path_prefix`) and that path as
+  text for messages ('<root module>' for the root)."""
+  path = _path_prefix() + tuple(module.scope.path)
+  return path, "/".join(path) or "<root module>"
+
+
+def active_context(module) -> FusedContext | None:
+  """The fused step's context when ``module`` (a fused layer) runs fused in
+  it: inside :func:`fused_context`, with an optimizer, not initializing.
+  None: the layer computes what its flax parent computes."""
+  ctx = current_context()
+  if ctx is None or module.optimizer is None or module.is_initializing():
+    return None
+  return ctx
+
+
 @contextlib.contextmanager
 def path_prefix(prefix: tuple[str, ...]) -> Iterator[None]:
   """Fused layers traced inside report their paths under ``prefix``.
@@ -183,14 +200,21 @@ def _forge_linear_bwd(spec, residuals, dy):
   new_kernel, new_state = _sharded_update(
       spec, x.reshape(-1, x.shape[-1]),
       dy.reshape(-1, dy.shape[-1]).astype(x.dtype), kernel, state, hparams, seed)
-  # The probe's cotangent counts how often this backward ran (1 when used
-  # exactly once). Adding a zero that depends on dy makes it batched wherever
-  # dy is, so under vmap the count is summed over the batch like the kernel's
-  # cotangent. hparams get no gradient.
+  return (dx, new_kernel, quantization.as_float_view(new_state),
+          jnp.zeros_like(hparams), *probe_and_seed_cotangents(probe, seed, dy))
+
+
+def probe_and_seed_cotangents(probe, seed, dy):
+  """The cotangents a fused layer's backward returns for its probe and seed.
+
+  The probe's counts how often this backward ran (1 when used exactly once).
+  Adding a zero that depends on dy makes it batched wherever dy is, so under
+  vmap the count is summed over the batch like the weight's cotangent. The
+  integer seed gets a float0 zero (None when there is no seed).
+  """
   probe_ct = jnp.ones_like(probe) + jnp.sum(dy[..., :0]).astype(probe.dtype)
   seed_ct = None if seed is None else np.zeros(np.shape(seed), jax.dtypes.float0)
-  return (dx, new_kernel, quantization.as_float_view(new_state),
-          jnp.zeros_like(hparams), probe_ct, seed_ct)
+  return probe_ct, seed_ct
 
 
 _forge_linear.defvjp(_forge_linear_fwd, _forge_linear_bwd)
@@ -410,10 +434,10 @@ class ForgeDense(nn.Module):
                        self.param_dtype) if self.use_bias else None)
     create_fused_state(self, kernel.shape, kernel_keys)
 
-    ctx = current_context()
+    ctx = active_context(self)
     inputs, kernel_c, bias = self.promote_dtype(
         inputs, kernel, bias, dtype=self.dtype)
-    if ctx is None or self.is_initializing() or self.optimizer is None:
+    if ctx is None:
       if self.dot_general_cls is not None:
         dot_general = self.dot_general_cls()
       else:
@@ -427,8 +451,7 @@ class ForgeDense(nn.Module):
     return y
 
   def _fused_matmul(self, ctx: FusedContext, inputs, param_dtype):
-    path = _path_prefix() + tuple(self.scope.path)
-    where = "/".join(path) or "<root module>"
+    path, where = layer_path(self)
     if inputs.dtype not in (jnp.float32, jnp.bfloat16):
       raise ValueError(f"ForgeDense at {where!r}: the computation dtype "
                        f"{inputs.dtype} (from inputs and dtype={self.dtype}) "

@@ -256,11 +256,10 @@ def _forge_lookup_bwd(spec, residuals, dy):
   new_table, new_state = fused_embed_update(
       rows.reshape(-1), dy.reshape(-1, dy.shape[-1]), table, state, hparams,
       rule=spec.rule, seed=seed)
-  probe_ct = jnp.ones_like(probe) + jnp.sum(dy[..., :0]).astype(probe.dtype)
-  seed_ct = None if seed is None else np.zeros(np.shape(seed), jax.dtypes.float0)
   ids_ct = np.zeros(np.shape(ids), jax.dtypes.float0)
   return (ids_ct, new_table, quantization.as_float_view(new_state),
-          jnp.zeros_like(hparams), probe_ct, seed_ct)
+          jnp.zeros_like(hparams),
+          *dense_lib.probe_and_seed_cotangents(probe, seed, dy))
 
 
 _forge_lookup.defvjp(_forge_lookup_fwd, _forge_lookup_bwd)
@@ -319,20 +318,14 @@ class ForgeEmbed(nn.Embed):
         self, "embedding", self.embedding_init, shape)
     dense_lib.create_fused_state(self, shape, keys)
 
-  def _fused(self):
-    ctx = dense_lib.current_context()
-    return (ctx if ctx is not None and self.optimizer is not None
-            and not self.is_initializing() else None)
-
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Looks up ``inputs`` (..., integer) -> (..., features)."""
-    ctx = self._fused()
+    ctx = dense_lib.active_context(self)
     if ctx is None:
       return super().__call__(inputs)
     if not jnp.issubdtype(inputs.dtype, jnp.integer):
       raise ValueError("Input type must be an integer or unsigned integer.")
-    path = dense_lib._path_prefix() + tuple(self.scope.path)  # pylint: disable=protected-access
-    where = "/".join(path) or "<root module>"
+    path, where = dense_lib.layer_path(self)
     table, state, probe, seed = dense_lib.fused_variables(
         self, "ForgeEmbed", where, EMBEDDING_INPUT, self.param_dtype, ctx,
         inputs)
@@ -357,10 +350,10 @@ class ForgeEmbed(nn.Embed):
 
   def attend(self, query: jax.Array) -> jax.Array:
     """``flax.linen.Embed.attend``; refused in a fused step (tied weights)."""
-    if self._fused() is not None:
-      path = dense_lib._path_prefix() + tuple(self.scope.path)  # pylint: disable=protected-access
+    if dense_lib.active_context(self) is not None:
+      where = dense_lib.layer_path(self)[1]
       raise ValueError(
-          f"ForgeEmbed at {'/'.join(path)!r}: attend() in a fused step ties the "
+          f"ForgeEmbed at {where!r}: attend() in a fused step ties the "
           "table to the logits, whose gradient the fused lookup cannot see. "
           "Use ForgeEmbed(optimizer=None) (or flax Embed) for tied embeddings")
     return super().attend(query)
