@@ -263,8 +263,10 @@ def write_peak_report(dump_dir: str, path: str, top: int = 10) -> dict:
     ``other_bytes``, ``by_buffer`` (bytes live at the peak per kind of
     allocation: ``argument``, ``temp``, ...) and the ``top`` largest values
     outside argument buffers as
-    ``[bytes, shape, op_name]``; ``{"error": ...}`` if the dump has no live
-    ranges of the step.
+    ``[bytes, shape, op_name]``; with the buffer assignment dumped,
+    ``temp_peak``: the temp allocation's own maximum (``allocation_bytes``,
+    ``live_bytes``, ``index``, ``top``). ``{"error": ...}`` if the dump has
+    no live ranges of the step.
   """
   try:
     report = peak_report.summarize(dump_dir, "jit_step")
@@ -273,12 +275,18 @@ def write_peak_report(dump_dir: str, path: str, top: int = 10) -> dict:
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w") as f:
     f.write(peak_report.format_report(report) + "\n")
-  return dict(path=path, peak_index=report.peak_index,
-              parameter_bytes=report.parameter_bytes,
-              other_bytes=report.other_bytes,
-              by_buffer={k: report.bytes_in(k) for k in peak_report.BUFFER_KINDS
-                         if report.bytes_in(k)},
-              top=[[v.bytes, v.shape, v.op_name] for v in report.others()[:top]])
+  summary = dict(
+      path=path, peak_index=report.peak_index,
+      parameter_bytes=report.parameter_bytes, other_bytes=report.other_bytes,
+      by_buffer={k: report.bytes_in(k) for k in peak_report.BUFFER_KINDS
+                 if report.bytes_in(k)},
+      top=[[v.bytes, v.shape, v.op_name] for v in report.others()[:top]])
+  tp = report.temp_peak
+  if tp is not None:
+    summary["temp_peak"] = dict(
+        allocation_bytes=tp.allocation_bytes, live_bytes=tp.live_bytes,
+        index=tp.index, top=[[v.bytes, v.shape, v.op_name] for v in tp.values[:top]])
+  return summary
 
 
 def _layout_label(row: dict) -> str:
@@ -426,8 +434,9 @@ def main(argv=None):
           row = dict(variant, error=timeout_error(a.timeout, e.stdout))
         if dump is not None:
           if "error" not in row:
+            name = f"{opt}_{layout}".replace("+", "-")  # a plain file name
             row["peak_live"] = write_peak_report(dump, os.path.join(
-                a.out, f"peak_{a.model}_{stamp}_{len(rows)}_T{t}_{opt}_{layout}.txt"))
+                a.out, f"peak_{a.model}_{stamp}_{len(rows)}_T{t}_{name}.txt"))
           shutil.rmtree(dump, ignore_errors=True)
         rows.append(row)
         print(json.dumps(row), flush=True)

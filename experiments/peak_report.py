@@ -61,6 +61,22 @@ class Value:
 
 
 @dataclasses.dataclass(frozen=True)
+class TempPeak:
+  """The temp allocation's own maximum: where most of it is live at once.
+
+  XLA sizes the temp allocation (``memory_analysis()``'s temp size) by packing
+  the temporaries at offsets in it. ``allocation_bytes - live_bytes`` is room
+  that no single moment uses: values placed apart whose lifetimes never meet
+  (fragmentation, alignment).
+  """
+
+  allocation_bytes: int  # the temp allocation's size
+  live_bytes: int  # the most bytes of it live at once, a shared slot once
+  index: int  # position in the schedule of that maximum
+  values: tuple[Value, ...]  # live there, largest first
+
+
+@dataclasses.dataclass(frozen=True)
 class PeakReport:
   """The live set at a compiled module's memory peak (bytes)."""
 
@@ -71,6 +87,8 @@ class PeakReport:
   values: tuple[Value, ...]  # largest first
   hlo_found: bool = True  # False: no optimized HLO beside the live ranges,
   # so no shapes, op names, or parameters told apart
+  temp_peak: TempPeak | None = None  # None: no buffer assignment, or no
+  # temp allocation
 
   @property
   def live_bytes(self) -> int:
@@ -201,30 +219,39 @@ def _hlo_info(hlo_path: str) -> dict[str, tuple[str, str, bool]]:
   return out
 
 
-def _buffer_kinds(path: str) -> dict[tuple[str, str], tuple[str, tuple[int, int]]]:
-  """(value name, tuple index) -> (kind of allocation, (allocation, offset))."""
-  kinds, kind, alloc = {}, None, None
+def _buffer_kinds(path: str):
+  """Reads XLA's buffer assignment.
+
+  Returns:
+    ``(kinds, temp_allocations)``: (value name, tuple index) -> (kind of
+    allocation, (allocation, offset), size in bytes); and allocation -> size
+    for the temp allocations.
+  """
+  kinds, temps, kind, alloc = {}, {}, None, None
   if not os.path.exists(path):
-    return kinds
+    return kinds, temps
   with open(path) as f:
     for line in f:
-      m = re.match(r"allocation (\d+): ", line)
+      m = re.match(r"allocation (\d+): size (\d+)", line)
       if m:
-        alloc = int(m.group(1))
+        alloc, alloc_size = int(m.group(1)), int(m.group(2))
         head = line.split("shape |")[0]
         kind = ("argument" if re.search(r", parameter \d+", head) else
                 "temp" if "preallocated-temp" in head else
                 "constant" if "constant" in head else
                 "output" if "output shape" in line or "maybe-live-out" in head
                 else "other")
+        if kind == "temp":
+          temps[alloc] = alloc_size
         continue
       # e.g. "value: <106 while.5{1} (phi) @0> (size=524288,offset=0): ..."
       m = re.match(r"\s*value: <\d+ ([\w.\-]+)(?:\{([\d,]*)\})?[^@>]* @\d+>"
-                   r"(?: \(size=\d+,offset=(\d+)\))?", line)
+                   r"(?: \(size=(\d+),offset=(\d+)\))?", line)
       if m and kind:
-        offset = int(m.group(3)) if m.group(3) else 0
-        kinds[(m.group(1), m.group(2) or "")] = (kind, (alloc, offset))
-  return kinds
+        size = int(m.group(3)) if m.group(3) else alloc_size
+        offset = int(m.group(4)) if m.group(4) else 0
+        kinds[(m.group(1), m.group(2) or "")] = (kind, (alloc, offset), size)
+  return kinds, temps
 
 
 def _tuple_element(shape: str, index: str) -> str:
@@ -263,9 +290,9 @@ def summarize(dump_dir: str, module: str = "jit_step") -> PeakReport:
   """
   live_path, hlo_path = find_dump(dump_dir, module)
   info = _hlo_info(hlo_path)
-  kinds = _buffer_kinds(live_path[:-len("-live-range.txt")] +
-                        "-buffer-assignment.txt")
-  schedule, peak, raw, section = [], None, [], None
+  kinds, temps = _buffer_kinds(live_path[:-len("-live-range.txt")] +
+                               "-buffer-assignment.txt")
+  schedule, peak, raw, section, ranges = [], None, [], None, []
   with open(live_path) as f:
     for line in f:
       s = line.strip()
@@ -276,31 +303,86 @@ def summarize(dump_dir: str, module: str = "jit_step") -> PeakReport:
       if m:
         section, peak = "peak", int(m.group(1))
         continue
-      if s.startswith(("BufferLiveRange", "Stack trace")):
+      if s.startswith("BufferLiveRange"):
+        section = "ranges"
+        continue
+      if s.startswith("Stack trace"):
         section = None
         continue
       if section == "seq":
         m = re.match(r"\d+:(\S+)", s)
         if m:
           schedule.append(m.group(1))
+      elif section == "ranges":  # e.g. "fusion.3{0}:10880-10884"
+        m = re.match(r"([\w.\-]+)\{([\d,]*)\}:(\d+)-(\d+)$", s)
+        if m:
+          ranges.append((m.group(1), m.group(2), int(m.group(3)), int(m.group(4))))
       elif section == "peak":
         m = re.match(r"([\w.\-]+)\{([\d,]*)\}: (\d+) bytes", s)
         if m:
           raw.append((m.group(1), m.group(2), int(m.group(3))))
   if peak is None:
     raise ValueError(f"{live_path!r} has no 'Live ranges at N (peak)' section")
-  values = []
-  for name, index, nbytes in raw:
+
+  def value(name, index, nbytes):
     shape, op, is_param = info.get(name, ("", "", False))
     if index and shape.startswith("("):  # one element of a tuple
       shape = _tuple_element(shape, index)
     op = re.sub(r"(^|-> )jit\(\w+\)/", r"\1", op)
-    kind, slot = kinds.get((name, index), ("?", None))
-    values.append(Value(name, index, nbytes, shape, op, is_param, kind, slot))
-  values.sort(key=lambda v: (-v.bytes, v.name))
+    kind, slot, _ = kinds.get((name, index), ("?", None, 0))
+    return Value(name, index, nbytes, shape, op, is_param, kind, slot)
+
+  values = sorted((value(*r) for r in raw), key=lambda v: (-v.bytes, v.name))
   module_name = os.path.basename(live_path)[:-len("-live-range.txt")]
   return PeakReport(module_name, peak, len(schedule), tuple(schedule),
-                    tuple(values), hlo_found=bool(info))
+                    tuple(values), hlo_found=bool(info),
+                    temp_peak=_temp_peak(ranges, kinds, temps, value))
+
+
+def _temp_peak(ranges, kinds, temps, value) -> TempPeak | None:
+  """The moment the most bytes of the temp allocation are live.
+
+  A value is live from the first to the last instruction of its range, both
+  included (XLA's convention: its peak section lists what these ranges say
+  is live there). Values live at once in one slot (an in-place op's operand
+  and result) share its bytes: the slot counts once, at the largest of them.
+  """
+  if not temps or not ranges:
+    return None
+  by_slot = collections.defaultdict(list)
+  for name, index, start, end in ranges:
+    kind, slot, size = kinds.get((name, index), ("?", None, 0))
+    if kind == "temp" and start <= end:
+      by_slot[slot].append((start, end, size, name, index))
+  if not by_slot:
+    return None
+  n = max(end for spans in by_slot.values() for _, end, *_ in spans) + 2
+  delta = [0] * n
+  for spans in by_slot.values():
+    # The slot's bytes in use change only where one of its values starts or
+    # ends: between two such points, the largest value live.
+    events = collections.defaultdict(list)
+    for s, e, z, *_ in spans:
+      events[s].append((z, 1))
+      events[e + 1].append((z, -1))
+    active, used = collections.Counter(), 0  # sizes of the values live
+    for p in sorted(events):
+      for z, sign in events[p]:
+        active[z] += sign
+        if not active[z]:
+          del active[z]
+      now = max(active, default=0)
+      delta[p] += now - used
+      used = now
+  live, best, best_at = 0, -1, 0
+  for t in range(n - 1):
+    live += delta[t]
+    if live > best:
+      best, best_at = live, t
+  there = [value(name, index, size) for spans in by_slot.values()
+           for s, e, size, name, index in spans if s <= best_at <= e]
+  there.sort(key=lambda v: (-v.bytes, v.name))
+  return TempPeak(sum(temps.values()), best, best_at, tuple(there))
 
 
 def _size(nbytes: int) -> str:
@@ -347,6 +429,19 @@ def format_report(report: PeakReport, top: int = 40) -> str:
   lines.append("the same by operation (layer index as N):")
   for op, nbytes, n in report.grouped()[:top]:
     lines.append(f"  {nbytes / 2**20:10.2f} MiB  {n:4d} × {_tail(op)}")
+  tp = report.temp_peak
+  if tp is not None:
+    at = report.schedule[tp.index] if tp.index < len(report.schedule) else "?"
+    lines += [
+        f"temp allocation: {_size(tp.allocation_bytes)}; most of it live at "
+        f"once: {_size(tp.live_bytes)}, at instruction {tp.index} ({at}); "
+        f"{_size(tp.allocation_bytes - tp.live_bytes)} of it is never live "
+        "together with that (values placed apart, alignment)",
+        f"largest values there ({len(tp.values)} in all):"]
+    for v in tp.values[:top]:
+      idx = f"{{{v.index}}}" if v.index else ""
+      lines.append(f"  {v.bytes / 2**20:10.2f} MiB  {v.shape:24s} "
+                   f"{v.name}{idx}  {_tail(v.op_name)}")
   return "\n".join(lines)
 
 

@@ -185,15 +185,19 @@ def test_a_directory_without_a_dump_is_refused_with_the_flags_to_set(tmp_path):
 def test_memory_llama_writes_a_peak_report_per_variant(tmp_path):
   rows = memory_llama.main(
       ["--model", "cpu-tiny", "--tokens", "16", "--optimizers", "forge-int8",
-       "--layouts", "unrolled", "--steps", "1", "--peak-report",
+       "--layouts", "unrolled+remat", "--steps", "1", "--peak-report",
        "--out", str(tmp_path)])
   peak = rows[0]["peak_live"]
   assert "error" not in rows[0] and "error" not in peak
   assert os.path.exists(peak["path"])
+  assert "+" not in os.path.basename(peak["path"])  # a plain file name
   assert "live at the peak" in open(peak["path"]).read()
   assert 0 < peak["by_buffer"]["temp"] <= rows[0]["temp_size_in_bytes"]
   assert 0 < peak["parameter_bytes"] <= rows[0]["argument_size_in_bytes"]
   assert peak["top"] and all(b > 0 for b, _, _ in peak["top"])
+  tp = peak["temp_peak"]
+  assert tp["allocation_bytes"] == rows[0]["temp_size_in_bytes"]
+  assert 0 < tp["live_bytes"] <= tp["allocation_bytes"] and tp["top"]
   saved = json.load(open(glob.glob(str(tmp_path / "memory_*.json"))[0]))
   assert saved[0]["peak_live"] == peak
 
@@ -246,3 +250,106 @@ def test_the_command_line_picks_or_asks_for_the_module(step_dump, tmp_path, caps
     peak_report.main([str(tmp_path)])
   err = capsys.readouterr().err
   assert "jit_scan_step" in err and "jit_while_step" in err and "--module" in err
+
+
+@pytest.mark.parametrize("module", ["jit_step", "jit_while_step", "jit_scan_step",
+                                    "jit_donate_step"])
+def test_the_temp_allocations_own_peak(step_dump, module):
+  dump, sizes = step_dump
+  tp = peak_report.summarize(dump, module).temp_peak
+  # The allocation is the one memory_analysis() reports; no moment holds more
+  # than it, and what is listed there adds up to the maximum.
+  assert tp.allocation_bytes == sizes[module]["temp"]
+  assert 0 < tp.live_bytes <= tp.allocation_bytes
+  assert tp.values and all(v.buffer == "temp" for v in tp.values)
+  assert peak_report._distinct_bytes(tp.values) == tp.live_bytes
+  text = peak_report.format_report(peak_report.summarize(dump, module))
+  assert "temp allocation: " in text and f"at instruction {tp.index} " in text
+
+
+def test_the_temp_peak_merges_a_shared_buffer_and_reuses_offsets(tmp_path):
+  # A hand-made dump. Offset 0 holds a (12 bytes, live 1-2), then c (8 bytes,
+  # 4-6) after a is dead; offset 16 holds b (16 bytes, 2-5) and, in place,
+  # its result b2 (16 bytes, 5-7): one buffer. d (4 bytes, 6-6) is at 32.
+  # Live temp: t=2: a+b = 28; t=4,5: c+b = 24; t=6: c+b2+d = 28; the first
+  # maximum is at 2. The parameter p sits in an argument buffer.
+  name = "module_7.jit_step.cpu_after_optimizations"
+  (tmp_path / f"{name}-buffer-assignment.txt").write_text(textwrap.dedent("""\
+      BufferAssignment:
+      allocation 0: size 64, parameter 0, shape |f32[16]| at ShapeIndex {}:
+       value: <1 p @0> (size=64,offset=0): f32[16]{0}
+      allocation 1: size 36, preallocated-temp:
+       value: <2 a @0> (size=12,offset=0): f32[3]{0}
+       value: <3 c @0> (size=8,offset=0): f32[2]{0}
+       value: <4 b @0> (size=16,offset=16): f32[4]{0}
+       value: <5 b2 @0> (size=16,offset=16): f32[4]{0}
+       value: <6 d @0> (size=4,offset=32): f32[]
+      """))
+  (tmp_path / f"{name}-live-range.txt").write_text(textwrap.dedent("""\
+      HloLiveRange (max 8):
+        InstructionSequence:
+          0:p
+          1:a
+          2:b
+          3:x
+          4:c
+          5:b2
+          6:d
+          7:r
+        BufferLiveRange:
+          p{}:0-7
+          a{}:1-2
+          b{}:2-5
+          c{}:4-6
+          b2{}:5-7
+          d{}:6-6
+        Live ranges at 2 (peak):
+          p{}: 64 bytes (cumulative: 64 bytes)
+          b{}: 16 bytes (cumulative: 80 bytes)
+          a{}: 12 bytes (cumulative: 92 bytes)
+      """))
+  report = peak_report.summarize(str(tmp_path))
+  tp = report.temp_peak
+  assert (tp.allocation_bytes, tp.live_bytes, tp.index) == (36, 28, 2)
+  assert sorted(v.name for v in tp.values) == ["a", "b"]
+  assert report.bytes_in("argument") == 64 and report.bytes_in("temp") == 28
+  # Without b2 merged into b (one buffer), t=5 would count 40 > 36.
+  text = peak_report.format_report(report)
+  assert "temp allocation: 36 B; most of it live at once: 28 B, at instruction 2 (b)" in text
+  assert "8 B of it is never live together" in text
+
+
+def test_the_temp_peak_of_small_values_two_allocations_and_nested_ranges(tmp_path):
+  # A hand-made dump whose values are smaller than the schedule is long.
+  # Offset 0 of allocation 1 holds e (8 bytes, live 2-20) and, in place
+  # within e's range, f (12 bytes, 4-5): one buffer, 12 bytes while both
+  # live. g (4 bytes, 6) sits at 12; allocation 2 (6 bytes) holds h (20-25)
+  # on a line without its size (the allocation's). Live temp: t=4,5: 12;
+  # t=6: 8+4 = 12; t=20: 8+6 = 14, the maximum.
+  name = "module_3.jit_step.cpu_after_optimizations"
+  (tmp_path / f"{name}-buffer-assignment.txt").write_text(textwrap.dedent("""\
+      BufferAssignment:
+      allocation 1: size 20, preallocated-temp:
+       value: <2 e @0> (size=8,offset=0): f32[2]{0}
+       value: <3 f @0> (size=12,offset=0): f32[3]{0}
+       value: <4 g @0> (size=4,offset=12): f32[]
+      allocation 2: size 6, preallocated-temp:
+       value: <5 h @0>: s8[6]{0}
+      """))
+  sequence = "".join(f"    {i}:i{i}\n" for i in range(30))
+  (tmp_path / f"{name}-live-range.txt").write_text(
+      "HloLiveRange (max 30):\n  InstructionSequence:\n" + sequence +
+      textwrap.dedent("""\
+        BufferLiveRange:
+          e{}:2-20
+          f{}:4-5
+          g{}:6-6
+          h{}:20-25
+        Live ranges at 20 (peak):
+          e{}: 8 bytes (cumulative: 8 bytes)
+          h{}: 6 bytes (cumulative: 14 bytes)
+      """))
+  tp = peak_report.summarize(str(tmp_path)).temp_peak
+  assert (tp.allocation_bytes, tp.live_bytes, tp.index) == (26, 14, 20)
+  assert [(v.name, v.bytes) for v in tp.values] == [("e", 8), ("h", 6)]
+  assert peak_report._distinct_bytes(tp.values) == tp.live_bytes
