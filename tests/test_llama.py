@@ -229,6 +229,104 @@ def test_fused_step_with_scanned_layers_equals_unrolled(tiny):
       rtol=1e-5, atol=1e-6)
 
 
+def _ordering_barriers(closed_jaxpr, batch_leaves: int) -> int:
+  """optimization_barriers (nested ones too) with a 2-D operand (a kernel)
+  that depends on the batch, i.e. a layer's new kernel, not the old one: the
+  ordering barrier placed after the update. The batch is the last
+  ``batch_leaves`` inputs; a call's outputs depend on all of its inputs."""
+  def sub_jaxprs(params):
+    for p in params.values():
+      for q in (p if isinstance(p, (tuple, list)) else (p,)):
+        q = getattr(q, "jaxpr", q)
+        if hasattr(q, "eqns") and hasattr(q, "invars"):
+          yield q
+
+  def walk(jaxpr, in_deps):
+    deps = dict(zip(jaxpr.invars, in_deps))
+    dep = lambda v: False if type(v).__name__ == "Literal" else deps.get(v, False)  # noqa: E731
+    found = 0
+    for eqn in jaxpr.eqns:
+      ins = [dep(v) for v in eqn.invars]
+      if eqn.primitive.name == "optimization_barrier":
+        found += any(d and getattr(v.aval, "ndim", 0) == 2
+                     for v, d in zip(eqn.invars, ins))
+        outs = ins
+      else:
+        for sub in sub_jaxprs(eqn.params):
+          found += walk(sub, ins if len(sub.invars) == len(ins) else [any(ins)] * len(sub.invars))
+        outs = [any(ins)] * len(eqn.outvars)
+      deps.update(zip(eqn.outvars, outs))
+    return found
+
+  n = len(closed_jaxpr.jaxpr.invars)
+  return walk(closed_jaxpr.jaxpr, [i >= n - batch_leaves for i in range(n)])
+
+
+def test_updates_are_ordered_in_unrolled_steps_only(tiny, monkeypatch):
+  """The fused step ties each fused layer's update before the rest of its
+  backward (dense.order_update) in an unrolled model called on arrays: one
+  barrier per fused layer, on its new kernel. Not where the fused state is
+  stacked (scanned layers), nor when the step is called inside the caller's
+  own jit or loop; fused_step refuses order_updates=True for stacked
+  layers. The barrier changes no value."""
+  import forge_jax as fj
+  from forge_jax._src import dense as dense_lib
+  tokens = tiny[0]
+  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2),
+                            implementation="xla")
+  unrolled = Llama(TINY, dense_cls=dense, head_cls=dense)
+  scanned = Llama(dataclasses.replace(TINY, scan_layers=True, remat=True),
+                  dense_cls=dense, head_cls=dense)
+  batch = (tokens[:, :-1], tokens[:, 1:])
+  n_fused = len(PROJ_NAMES) * TINY.n_layers + 1  # and the head
+  calls = []
+  original = dense_lib.order_update
+
+  def recording(dx, new_kernel):
+    calls.append(new_kernel.shape)
+    return original(dx, new_kernel)
+
+  loss = lambda model: lambda vv, b: cross_entropy_loss(model.apply(vv, b[0]), b[1])  # noqa: E731
+
+  def state_of(model, variables):
+    return fj.TrainState.create(apply_fn=model.apply, variables=variables,
+                                tx=optax.adamw(1e-2))
+
+  monkeypatch.setattr(dense_lib, "order_update", recording)
+  v = unrolled.init(jax.random.key(0), tokens)
+  step = fj.make_train_step(loss(unrolled))
+  state = state_of(unrolled, jax.tree.map(jnp.copy, v))
+  jaxpr = jax.make_jaxpr(step.jitted)(state, batch)
+  assert _ordering_barriers(jaxpr, 2) == n_fused
+  assert len(calls) == n_fused and (TINY.d_model, TINY.vocab_size) in calls
+  ordered, _ = step(state, batch)
+  # Inside the caller's own jit (or loop, or vmap): not ordered.
+  calls.clear()
+  inner = fj.make_train_step(loss(unrolled), check_backward=False)
+  jax.jit(inner).lower(state_of(unrolled, v), batch)
+  assert calls == []
+  # Stacked (scanned) layers: not ordered; asking for it is refused.
+  vs = scanned.init(jax.random.key(0), tokens)
+  fj.make_train_step(loss(scanned)).lower(state_of(scanned, vs), batch)
+  assert calls == []
+  with pytest.raises(ValueError, match="order_updates=True refused.*stacked"):
+    jax.eval_shape(lambda s, b: fj.fused_step(s, b, loss(scanned), order_updates=True),
+                   state_of(scanned, vs), batch)
+  with pytest.raises(ValueError, match="order_updates='yes' must be None, True or False"):
+    jax.eval_shape(lambda s, b: fj.fused_step(s, b, loss(unrolled), order_updates="yes"),
+                   state_of(unrolled, v), batch)
+  # The barrier is the identity: the same step without it, bit for bit, and
+  # no ordering barrier left in its program.
+  monkeypatch.setattr(dense_lib, "order_update", lambda dx, k: (dx, k))
+  step = fj.make_train_step(loss(unrolled))
+  state = state_of(unrolled, jax.tree.map(jnp.copy, v))
+  assert _ordering_barriers(jax.make_jaxpr(step.jitted)(state, batch), 2) == 0
+  plain, _ = step(state, batch)
+  jax.tree.map(np.testing.assert_array_equal, ordered.params, plain.params)
+  jax.tree.map(np.testing.assert_array_equal, ordered.forge_state,
+               plain.forge_state)
+
+
 def test_fused_head_equals_unfused_adamw(tiny):
   """head_cls=ForgeDense: the lm_head (D, V=61, not a tile multiple) is
   updated by its own fused backward, as optax.adamw would update it."""

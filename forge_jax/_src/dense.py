@@ -65,6 +65,10 @@ class FusedContext:
     seed: uint32 scalar, the run's stochastic-rounding seed (each layer mixes
       in a hash of its path).
     backward_traces: module path -> number of times its backward was traced.
+    order_updates: finish each fused layer's update before the rest of the
+      backward pass reads its dx (see :func:`order_update`). The fused step
+      turns it off when a fused layer's state is stacked (``nn.scan``,
+      ``inplace_scan``).
   """
 
   step: jax.Array
@@ -73,6 +77,7 @@ class FusedContext:
   seed: jax.Array | None = None
   backward_traces: dict[tuple[str, ...], int] = dataclasses.field(
       default_factory=dict)
+  order_updates: bool = True
 
   def record_backward(self, path: tuple[str, ...]) -> None:
     self.backward_traces[path] = self.backward_traces.get(path, 0) + 1
@@ -186,13 +191,6 @@ def _forge_linear_bwd(spec, residuals, dy):
   state = quantization.from_float_view(state)
   spec.context.record_backward(spec.path)
   # dx reads the old kernel; the fused kernel then overwrites it in place.
-  # XLA orders the two by itself. In small steps it copies neither kernel nor
-  # moments (experiments/inplace_memory.py checks the compiled HLO); in the
-  # unrolled Llama-3.1-8B step its scheduler runs some updates before their
-  # dx and keeps copies of those kernels (1.5 GiB live at the peak;
-  # docs/results.md, "Stop 20"). Forcing the order with a barrier removed the
-  # copies there but grew XLA's temp allocation from 3.3 to 7.3 GiB, so it is
-  # not done.
   dx = lax.dot_general(
       dy, kernel.astype(spec.compute_dtype),
       (((dy.ndim - 1,), (1,)), ((), ())), precision=spec.precision
@@ -200,8 +198,36 @@ def _forge_linear_bwd(spec, residuals, dy):
   new_kernel, new_state = _sharded_update(
       spec, x.reshape(-1, x.shape[-1]),
       dy.reshape(-1, dy.shape[-1]).astype(x.dtype), kernel, state, hparams, seed)
+  if spec.context.order_updates:
+    dx, new_kernel = order_update(dx, new_kernel)
   return (dx, new_kernel, quantization.as_float_view(new_state),
           jnp.zeros_like(hparams), *probe_and_seed_cotangents(probe, seed, dy))
+
+
+def order_update(dx, new_kernel):
+  """``(dx, new_kernel)`` unchanged, through one ``lax.optimization_barrier``.
+
+  Whatever reads the returned dx (the rest of the backward pass) then runs
+  after the layer's fused update. Without it XLA's scheduler ran some
+  updates early, before their own dx matmul, and so kept copies of those
+  kernels (dx needs the old values) from the step's start: in the unrolled
+  Llama-3.1-8B int8 step on the H200, 1.5 GiB live at the peak and a 3.32
+  GiB temp allocation; with it no copies, 1.54 GiB of temp and a 32.92 GiB
+  peak against 34.17 (docs/results.md, "Stop 21"). A barrier before the
+  update instead, on (dx, kernel), also removed the copies, but XLA then put
+  off every update to the end of the backward, holding each layer's x and
+  dY: 7.34 GiB of temp.
+
+  The fused step uses it only where it was measured: ``make_train_step``
+  called on arrays, no fused layer's state stacked (``fused_step``'s
+  ``order_updates``). With scanned layers on the H200 it made the Mosaic GPU
+  kernel's step give a NaN loss from the second step on (Llama-3.1-8B
+  shapes: 32 scanned layers with int8 moments, 2 with int8 and with bf16;
+  with the Triton kernel, 32 layers, int8, the losses were finite). The CPU
+  interpreter's runs of the same kernels are unchanged by it. Why is not
+  known yet.
+  """
+  return lax.optimization_barrier((dx, new_kernel))
 
 
 def probe_and_seed_cotangents(probe, seed, dy):
