@@ -162,9 +162,11 @@ def find_dump(dump_dir: str, module: str = "jit_step") -> tuple[str, str]:
     ``(live_range_path, optimized_hlo_path)``.
 
   Raises:
-    FileNotFoundError: If ``dump_dir`` has no such file (the message says
-      which XLA_FLAGS write it).
+    FileNotFoundError: If ``dump_dir`` is not a directory, or has no such
+      file (the message says which XLA_FLAGS write it).
   """
+  if not os.path.isdir(dump_dir):
+    raise FileNotFoundError(f"{dump_dir!r} is not a directory (the --xla_dump_to one)")
   found = sorted((f for f in glob.glob(os.path.join(dump_dir, "*-live-range.txt"))
                   if _module_of(f)[1] == module), key=_module_of)
   if not found:
@@ -433,8 +435,8 @@ def format_report(report: PeakReport, top: int = 40) -> str:
   if tp is not None:
     at = report.schedule[tp.index] if tp.index < len(report.schedule) else "?"
     lines += [
-        f"temp allocation: {_size(tp.allocation_bytes)}; most of it live at "
-        f"once: {_size(tp.live_bytes)}, at instruction {tp.index} ({at}); "
+        f"temp allocation: {_size(tp.allocation_bytes)}; the most of it live "
+        f"at once: {_size(tp.live_bytes)}, at instruction {tp.index} ({at}); "
         f"{_size(tp.allocation_bytes - tp.live_bytes)} of it is never live "
         "together with that (values placed apart, alignment)",
         f"largest values there ({len(tp.values)} in all):"]
@@ -462,7 +464,10 @@ def main(argv=None) -> PeakReport:
     if module is None:
       p.error(f"{a.dump_dir} holds several modules, {found}: choose one "
               "with --module")
-  report = summarize(a.dump_dir, module)
+  try:
+    report = summarize(a.dump_dir, module)
+  except (FileNotFoundError, ValueError) as e:
+    p.error(str(e))
   print(format_report(report, a.top))
   return report
 

@@ -300,10 +300,12 @@ def test_updates_are_ordered_in_unrolled_steps_only(tiny, monkeypatch):
   assert _ordering_barriers(jaxpr, 2) == n_fused
   assert len(calls) == n_fused and (TINY.d_model, TINY.vocab_size) in calls
   ordered, _ = step(state, batch)
-  # Inside the caller's own jit (or loop, or vmap): not ordered.
+  # Inside the caller's own jit (or loop, or vmap): not ordered, and the
+  # run-time check (no value there) left to the caller. Asked off: not.
   calls.clear()
-  inner = fj.make_train_step(loss(unrolled), check_backward=False)
-  jax.jit(inner).lower(state_of(unrolled, v), batch)
+  jax.jit(fj.make_train_step(loss(unrolled))).lower(state_of(unrolled, v), batch)
+  fj.make_train_step(loss(unrolled), order_updates=False).lower(
+      state_of(unrolled, v), batch)
   assert calls == []
   # Stacked (scanned) layers: not ordered; asking for it is refused.
   vs = scanned.init(jax.random.key(0), tokens)
@@ -315,6 +317,8 @@ def test_updates_are_ordered_in_unrolled_steps_only(tiny, monkeypatch):
   with pytest.raises(ValueError, match="order_updates='yes' must be None, True or False"):
     jax.eval_shape(lambda s, b: fj.fused_step(s, b, loss(unrolled), order_updates="yes"),
                    state_of(unrolled, v), batch)
+  with pytest.raises(ValueError, match="order_updates=1 must be None, True or False"):
+    fj.make_train_step(loss(unrolled), order_updates=1)
   # The barrier is the identity: the same step without it, bit for bit, and
   # no ordering barrier left in its program.
   monkeypatch.setattr(dense_lib, "order_update", lambda dx, k: (dx, k))

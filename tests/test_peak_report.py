@@ -250,6 +250,13 @@ def test_the_command_line_picks_or_asks_for_the_module(step_dump, tmp_path, caps
     peak_report.main([str(tmp_path)])
   err = capsys.readouterr().err
   assert "jit_scan_step" in err and "jit_while_step" in err and "--module" in err
+  # A module or a directory that is not there: one line saying so, no traceback.
+  for args, says in (([str(tmp_path), "--module", "jit_nothing"], "jit_nothing"),
+                     ([str(tmp_path / "absent")], "is not a directory")):
+    with pytest.raises(SystemExit):
+      peak_report.main(args)
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("module", ["jit_step", "jit_while_step", "jit_scan_step",
@@ -315,7 +322,7 @@ def test_the_temp_peak_merges_a_shared_buffer_and_reuses_offsets(tmp_path):
   assert report.bytes_in("argument") == 64 and report.bytes_in("temp") == 28
   # Without b2 merged into b (one buffer), t=5 would count 40 > 36.
   text = peak_report.format_report(report)
-  assert "temp allocation: 36 B; most of it live at once: 28 B, at instruction 2 (b)" in text
+  assert "temp allocation: 36 B; the most of it live at once: 28 B, at instruction 2 (b)" in text
   assert "8 B of it is never live together" in text
 
 

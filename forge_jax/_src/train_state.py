@@ -231,14 +231,17 @@ def fused_step(
     implementation: kernel implementation for fused layers that name none.
     interpret: run the Pallas kernels in interpret mode.
     order_updates: finish each fused layer's update before the rest of the
-      backward pass reads its dx (``forge_jax._src.dense.order_update``):
-      XLA then keeps no copies of kernels, 1.25 GiB less at the unrolled
-      Llama-3.1-8B step's peak on the H200. None: on unless a fused layer's
-      state is stacked (scanned layers, where it made the Mosaic kernel's
-      step give NaN on the H200, cause not found). Off by default here, as
-      measured only for a step jitted on its own (:func:`make_train_step`,
-      which passes None), not inside a loop or vmap of yours.
+      backward pass reads its dx (an ``optimization_barrier`` on the layer's
+      dx and new kernel; it changes no value): XLA's GPU scheduler then
+      keeps no copies of kernels, 1.25 GiB less at the unrolled Llama-3.1-8B
+      step's peak on the H200. True: on; False: off; None: on unless a
+      fused layer's state is stacked (scanned layers, where it made the
+      Mosaic GPU kernel's step give NaN on the H200, cause not found). False
+      by default here, as it was measured only for a step jitted on its own
+      (:func:`make_train_step`, whose default is None), not inside a loop or
+      vmap of yours.
 
+  Returns:
     ``(new_state, metrics)``; metrics hold ``aux``, ``loss`` and
     ``forge_backward_ok`` (True when every fused backward ran exactly once
     per kernel slice at run time).
@@ -321,16 +324,19 @@ def fused_step(
 def _order_updates(state: TrainState, order_updates: bool | None) -> bool:
   """fused_step's ``order_updates``, None resolved; refuses True where a
   fused layer's state is stacked (its probe has a layer axis)."""
-  if order_updates not in (None, True, False):
-    raise ValueError(f"order_updates={order_updates!r} must be None, True or False")
-  stacked = [k[:-1] for k, v in traverse_util.flatten_dict(
+  if order_updates is not None and not isinstance(order_updates, bool):
+    raise ValueError(
+        f"order_updates={order_updates!r} must be None, True or False")
+  stacked = ["/".join(k[:-1]) for k, v in traverse_util.flatten_dict(
       dict(state.forge_state)).items() if k[-1] == PROBE and jnp.ndim(v) > 0]
   if order_updates and stacked:
+    more = f" and {len(stacked) - 3} more" if len(stacked) > 3 else ""
     raise ValueError(
-        "order_updates=True refused, nothing was updated: the fused layers "
-        f"{['/'.join(p) for p in stacked[:3]]} have stacked state (scanned "
-        "layers), where ordering the updates made the Mosaic GPU kernel's step "
-        "give NaN on the H200; pass None (on only without stacked layers) or False")
+        f"order_updates=True refused, nothing was updated: the fused layers "
+        f"{stacked[:3]}{more} have stacked state (scanned layers), where "
+        "ordering the updates made the Mosaic GPU kernel's step give NaN on "
+        "the H200 (on every backend until that is understood); pass None (on "
+        "only without stacked layers) or False")
   return (not stacked) if order_updates is None else order_updates
 
 
@@ -393,7 +399,9 @@ class FusedTrainStep:
   (a fused backward that ran a number of times other than one per kernel at
   run time, e.g. a layer closed over by ``lax.scan``). That check waits for
   the step to finish; pass ``check_backward=False`` to keep dispatch fully
-  asynchronous and read the metric yourself.
+  asynchronous and read the metric yourself. Called inside a jit, loop or
+  vmap of yours (a traced state) there is no value to check: read the
+  metric yourself there too.
   """
 
   def __init__(self, jitted, check_backward: bool, jitted_in_trace=None):
@@ -408,7 +416,8 @@ class FusedTrainStep:
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state))
     new_state, metrics = (self.jitted_in_trace if traced else self.jitted)(
         state, batch)
-    if self.check_backward and not bool(metrics["forge_backward_ok"]):
+    if (self.check_backward and not traced
+        and not bool(metrics["forge_backward_ok"])):
       raise RuntimeError(
           "a fused layer's backward (ForgeDense, ForgeEmbed) ran a number of "
           "times other than once per weight in this step (a layer reused "
@@ -431,17 +440,24 @@ def make_train_step(
     interpret: bool = False,
     donate: bool = True,
     check_backward: bool = True,
+    order_updates: bool | None = None,
 ) -> FusedTrainStep:
   """``jax.jit`` of :func:`fused_step` with the state donated.
 
   Donation lets the fused kernels write the new kernels and moments into the
-  buffers of the old ones: the state passed in is consumed. The updates are
-  ordered (``fused_step``'s ``order_updates=None``) when the step is called
-  on arrays, not when called inside a jit, loop or vmap of the caller's. The learning rate
-  and step count are traced, so a schedule does not recompile. See
+  buffers of the old ones: the state passed in is consumed. The learning
+  rate and step count are traced, so a schedule does not recompile. See
   :class:`FusedTrainStep` for ``check_backward``.
+
+  ``order_updates`` is :func:`fused_step`'s (None: the updates are ordered
+  unless a fused layer's state is stacked; False: never), applied when the
+  step is called on arrays. Called inside a jit, loop or vmap of yours, the
+  step runs with ``order_updates=False``.
   """
-  def step(state, batch, order_updates=None):
+  if order_updates is not None and not isinstance(order_updates, bool):
+    raise ValueError(
+        f"order_updates={order_updates!r} must be None, True or False")
+  def step(state, batch, order_updates=order_updates):
     return fused_step(state, batch, loss_fn, implementation=implementation,
                       interpret=interpret, order_updates=order_updates)
   donate_argnums = (0,) if donate else ()
