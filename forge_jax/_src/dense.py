@@ -66,9 +66,8 @@ class FusedContext:
       in a hash of its path).
     backward_traces: module path -> number of times its backward was traced.
     order_updates: finish each fused layer's update before the rest of the
-      backward pass reads its dx (see :func:`order_update`). The fused step
-      turns it off when a fused layer's state is stacked (``nn.scan``,
-      ``inplace_scan``).
+      backward pass reads its dx (see :func:`order_update`); set from
+      ``fused_step``'s ``order_updates``.
   """
 
   step: jax.Array
@@ -77,7 +76,7 @@ class FusedContext:
   seed: jax.Array | None = None
   backward_traces: dict[tuple[str, ...], int] = dataclasses.field(
       default_factory=dict)
-  order_updates: bool = True
+  order_updates: bool = False
 
   def record_backward(self, path: tuple[str, ...]) -> None:
     self.backward_traces[path] = self.backward_traces.get(path, 0) + 1
@@ -215,8 +214,8 @@ def order_update(dx, new_kernel):
   GiB temp allocation; with it no copies, 1.54 GiB of temp and a 32.92 GiB
   peak against 34.17 (docs/results.md, "Stop 21"). A barrier before the
   update instead, on (dx, kernel), also removed the copies, but XLA then put
-  off every update to the end of the backward, holding each layer's x and
-  dY: 7.34 GiB of temp.
+  off every update to the end of the backward, holding every layer's inputs
+  of the update (such as x transposed for the kernel): 7.34 GiB of temp.
 
   The fused step uses it only where it was measured: ``make_train_step``
   called on arrays, no fused layer's state stacked (``fused_step``'s

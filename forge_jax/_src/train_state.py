@@ -321,12 +321,16 @@ def fused_step(
   return new_state, metrics
 
 
-def _order_updates(state: TrainState, order_updates: bool | None) -> bool:
-  """fused_step's ``order_updates``, None resolved; refuses True where a
-  fused layer's state is stacked (its probe has a layer axis)."""
+def _check_order_updates(order_updates) -> None:
   if order_updates is not None and not isinstance(order_updates, bool):
     raise ValueError(
         f"order_updates={order_updates!r} must be None, True or False")
+
+
+def _order_updates(state: TrainState, order_updates: bool | None) -> bool:
+  """fused_step's ``order_updates``, None resolved; refuses True where a
+  fused layer's state is stacked (its probe has a layer axis)."""
+  _check_order_updates(order_updates)
   stacked = ["/".join(k[:-1]) for k, v in traverse_util.flatten_dict(
       dict(state.forge_state)).items() if k[-1] == PROBE and jnp.ndim(v) > 0]
   if order_updates and stacked:
@@ -450,13 +454,12 @@ def make_train_step(
   :class:`FusedTrainStep` for ``check_backward``.
 
   ``order_updates`` is :func:`fused_step`'s (None: the updates are ordered
-  unless a fused layer's state is stacked; False: never), applied when the
-  step is called on arrays. Called inside a jit, loop or vmap of yours, the
+  unless a fused layer's state is stacked; True: ordered, refused with
+  stacked layers; False: never), applied when the step is called on arrays. Called inside a jit, loop or vmap of yours, the
   step runs with ``order_updates=False``.
   """
-  if order_updates is not None and not isinstance(order_updates, bool):
-    raise ValueError(
-        f"order_updates={order_updates!r} must be None, True or False")
+  _check_order_updates(order_updates)
+
   def step(state, batch, order_updates=order_updates):
     return fused_step(state, batch, loss_fn, implementation=implementation,
                       interpret=interpret, order_updates=order_updates)
