@@ -275,17 +275,20 @@ def write_peak_report(dump_dir: str, path: str, top: int = 10) -> dict:
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w") as f:
     f.write(peak_report.format_report(report) + "\n")
+  def rows(values):
+    return [[v.bytes, v.shape, v.op_name] for v in values[:top]]
+
   summary = dict(
       path=path, peak_index=report.peak_index,
       parameter_bytes=report.parameter_bytes, other_bytes=report.other_bytes,
       by_buffer={k: report.bytes_in(k) for k in peak_report.BUFFER_KINDS
                  if report.bytes_in(k)},
-      top=[[v.bytes, v.shape, v.op_name] for v in report.others()[:top]])
+      top=rows(report.others()))
   tp = report.temp_peak
   if tp is not None:
     summary["temp_peak"] = dict(
         allocation_bytes=tp.allocation_bytes, live_bytes=tp.live_bytes,
-        index=tp.index, top=[[v.bytes, v.shape, v.op_name] for v in tp.values[:top]])
+        index=tp.index, top=rows(tp.values))
   return summary
 
 

@@ -424,10 +424,7 @@ def format_report(report: PeakReport, top: int = 40) -> str:
     lines.append(f"  {'>' if i == report.peak_index else ' '} {i:6d} {name}")
   others = report.others()
   lines.append(f"largest values outside argument buffers ({len(others)} in all):")
-  for v in others[:top]:
-    idx = f"{{{v.index}}}" if v.index else ""
-    lines.append(f"  {v.bytes / 2**20:10.2f} MiB  {v.buffer:8s} {v.shape:24s} "
-                 f"{v.name}{idx}  {_tail(v.op_name)}")
+  lines += [_value_line(v, v.buffer) for v in others[:top]]
   lines.append("the same by operation (layer index as N):")
   for op, nbytes, n in report.grouped()[:top]:
     lines.append(f"  {nbytes / 2**20:10.2f} MiB  {n:4d} × {_tail(op)}")
@@ -440,11 +437,16 @@ def format_report(report: PeakReport, top: int = 40) -> str:
         f"{_size(tp.allocation_bytes - tp.live_bytes)} of it is never live "
         "together with that (values placed apart, alignment)",
         f"largest values there ({len(tp.values)} in all):"]
-    for v in tp.values[:top]:
-      idx = f"{{{v.index}}}" if v.index else ""
-      lines.append(f"  {v.bytes / 2**20:10.2f} MiB  {v.shape:24s} "
-                   f"{v.name}{idx}  {_tail(v.op_name)}")
+    lines += [_value_line(v) for v in tp.values[:top]]
   return "\n".join(lines)
+
+
+def _value_line(v: Value, buffer: str | None = None) -> str:
+  """One value of a report's list: MiB, [its buffer,] shape, name, op."""
+  idx = f"{{{v.index}}}" if v.index else ""
+  kind = "" if buffer is None else f"{buffer:8s} "
+  return (f"  {v.bytes / 2**20:10.2f} MiB  {kind}{v.shape:24s} "
+          f"{v.name}{idx}  {_tail(v.op_name)}")
 
 
 def main(argv=None) -> PeakReport:
