@@ -228,8 +228,11 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
     def step(x, dy, *flat):
       *flat, hp_ = flat
       w_, st = _unflat(flat, like)
+      # in_place: the op's result replaces its donated arguments (one op
+      # per jitted call, nothing sliced), the case ForgeDense runs in place.
       nw, ns = (fused_dw_update(x, dy, w_, st, hp_, rule=rule, seed=seed,
-                                implementation=impl, interpret=interpret)
+                                implementation=impl, interpret=interpret,
+                                in_place=True)
                 if impl in ("triton", "mosaic")
                 else fused_dw_update_reference(x, dy, w_, st, hp_, rule=rule,
                                                seed=seed))

@@ -44,7 +44,7 @@ def _chain(impl: str, k: int, interpret: bool, config=None):
       else:
         w, state = fused_dw_update(x, dy, w, state, hp, rule=ADAMW,
                                    implementation=impl, interpret=interpret,
-                                   config=config)
+                                   config=config, in_place=True)
     return (w, *state)
   return jax.jit(f, donate_argnums=(2, 3, 4))
 

@@ -110,7 +110,7 @@ def main(argv=None):
           else:
             nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=ADAMW,
                                      implementation=impl, config=cfg,
-                                     interpret=a.interpret)
+                                     interpret=a.interpret, in_place=True)
           return tuple(_flat(nw, ns))
         n = len(_flat(w, like))
         return jax.jit(step, donate_argnums=tuple(range(2, 2 + n)))

@@ -497,6 +497,74 @@ def test_scanned_bf16_layers_get_their_own_rounding_seeds(rng):
   assert bool(m["forge_backward_ok"])
 
 
+def test_kernels_stacked_by_nn_scan_are_not_updated_in_place(rng, monkeypatch):
+  # Under a plain nn.scan the new kernels are collected into a new stack:
+  # there the in-place Mosaic kernel got different operand and result
+  # addresses from XLA's GPU dynamic-slice fusion (docs/results.md, stop
+  # 22), so such a layer asks for fresh outputs; an unstacked one, in place.
+  from pallas_kernels import fused_dw
+  seen = []
+  update = fused_dw.fused_dw_update
+  monkeypatch.setattr(fused_dw, "fused_dw_update",
+                      lambda *a, **kw: seen.append(kw["in_place"]) or update(*a, **kw))
+
+  class Stack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layer = nn.scan(lambda mdl, c, _: (nn.tanh(mdl(c)), None),
+                      variable_axes={"params": 0, "forge_state": 0},
+                      split_rngs={"params": True}, length=3)
+      y, _ = layer(fj.ForgeDense(8, optimizer=fj.adamw(1e-2), name="layer"), x, None)
+      return fj.ForgeDense(5, optimizer=fj.adamw(1e-2), name="head")(y)
+
+  model = Stack()
+  x = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=jax.tree.map(jnp.copy, v),
+                               tx=optax.adamw(1e-2))
+  new, m = fj.make_train_step(lambda vv, b: jnp.sum(model.apply(vv, b) ** 2))(state, x)
+  assert sorted(seen) == [False, True] and bool(m["forge_backward_ok"])
+  # The same values as the optax step (the xla reference on the CPU).
+  ref = optax.adamw(1e-2)
+  grads = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x) ** 2))(v["params"])
+  upd, _ = ref.update(grads, ref.init(v["params"]), v["params"])
+  want = optax.apply_updates(v["params"], upd)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6),
+               new.params, want)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled Mosaic kernel under XLA's GPU "
+                    "dynamic-slice fusion (the CPU test above checks the choice)")
+def test_mosaic_kernels_under_nn_scan_match_the_reference(rng):
+  # The case that gave wrong results with in-place kernels: a plain nn.scan
+  # over fused layers, the new kernels collected into a new stack.
+  class Stack(nn.Module):
+    implementation: str
+
+    @nn.compact
+    def __call__(self, x):
+      layer = nn.scan(lambda mdl, c, _: (mdl(c), None),
+                      variable_axes={"params": 0, "forge_state": 0},
+                      split_rngs={"params": True}, length=3)
+      dense = fj.ForgeDense(256, optimizer=fj.adamw(1e-2), use_bias=False,
+                            dtype=jnp.bfloat16, implementation=self.implementation,
+                            name="layer")
+      return layer(dense, x, None)[0]
+
+  x = jnp.asarray(rng.standard_normal((256, 256)), jnp.bfloat16)
+  v = Stack("xla").init(jax.random.key(0), x)
+  new = {}
+  for impl in ("mosaic", "xla"):
+    model = Stack(impl)
+    state = fj.TrainState.create(apply_fn=model.apply, variables=jax.tree.map(jnp.copy, v),
+                                 tx=optax.adamw(1e-2))
+    loss = lambda vv, b, m=model: jnp.mean(m.apply(vv, b).astype(jnp.float32) ** 2)  # noqa: E731
+    new[impl] = fj.make_train_step(loss)(state, x)[0]
+  got = new["mosaic"].params["layer"]["kernel"]
+  want = new["xla"].params["layer"]["kernel"]
+  assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+
+
 def test_rounding_seed_draws_no_random_numbers_of_its_own(rng):
   # The seed is a word of the kernel's init key: a bf16 ForgeDense's init
   # draws what flax Dense's draws (one more threefry per layer made up 45% of

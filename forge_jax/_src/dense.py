@@ -26,6 +26,7 @@ import numpy as np
 from flax.linen.dtypes import promote_dtype
 from jax import lax
 
+from forge_jax._src import inplace_scan as inplace_scan_lib
 from forge_jax._src import transforms as transforms_lib
 from pallas_kernels import fused_dw
 from pallas_kernels import quantization
@@ -68,6 +69,10 @@ class FusedContext:
     order_updates: finish each fused layer's update before the rest of the
       backward pass reads its dx (see :func:`order_update`); set from
       ``fused_step``'s ``order_updates``.
+    stacked: module path -> number of leading layer axes of that fused
+      layer's state (nn.scan), for the layers that have any. Such a layer's
+      kernel updates in place only when traced inside as many
+      ``inplace_scan`` bodies (:func:`update_in_place`).
   """
 
   step: jax.Array
@@ -77,6 +82,7 @@ class FusedContext:
   backward_traces: dict[tuple[str, ...], int] = dataclasses.field(
       default_factory=dict)
   order_updates: bool = False
+  stacked: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)
 
   def record_backward(self, path: tuple[str, ...]) -> None:
     self.backward_traces[path] = self.backward_traces.get(path, 0) + 1
@@ -158,6 +164,7 @@ class _Spec:
   path: tuple[str, ...]
   kernel_axes: tuple = (None, None)
   mesh: Any = None
+  in_place: bool = True
 
 
 def _matmul(spec: _Spec, x, kernel):
@@ -204,7 +211,8 @@ def _forge_linear_bwd(spec, residuals, dy):
 
 
 def order_update(dx, new_kernel):
-  """``(dx, new_kernel)`` unchanged, through one ``lax.optimization_barrier``.
+  """``(dx, new_kernel)`` unchanged; dx comes out of a barrier that waits for
+  the layer's fused update (``lax.optimization_barrier((dx, new_kernel))``).
 
   Whatever reads the returned dx (the rest of the backward pass) then runs
   after the layer's fused update. Without it XLA's scheduler ran some
@@ -217,16 +225,18 @@ def order_update(dx, new_kernel):
   off every update to the end of the backward, holding every layer's inputs
   of the update (such as x transposed for the kernel): 7.34 GiB of temp.
 
-  The fused step uses it only where it was measured: ``make_train_step``
-  called on arrays, no fused layer's state stacked (``fused_step``'s
-  ``order_updates``). With scanned layers on the H200 it made the Mosaic GPU
-  kernel's step give a NaN loss from the second step on (Llama-3.1-8B
-  shapes: 32 scanned layers with int8 moments, 2 with int8 and with bf16;
-  with the Triton kernel, 32 layers, int8, the losses were finite). The CPU
-  interpreter's runs of the same kernels are unchanged by it. Why is not
-  known yet.
+  The new kernel returned is the update's own result, not the barrier's:
+  taken from the barrier, it no longer went straight into the scanned
+  stack's ``dynamic_update_slice``, and XLA's dynamic-slice fusion then gave
+  the in-place Mosaic kernel different operand and result addresses (NaN
+  from the second step, stop 21; found and fixed in stop 22). As written
+  the ordered and unordered steps are bit-identical on the H200, scanned
+  (2 layers) and unrolled. ``fused_step``'s ``order_updates`` applies it
+  to unstacked layers by default: with scanned layers it gave more temp
+  (2.08 GiB against 1.86, Llama-3.1-8B, int8 moments).
   """
-  return lax.optimization_barrier((dx, new_kernel))
+  dx, _ = lax.optimization_barrier((dx, new_kernel))
+  return dx, new_kernel
 
 
 def probe_and_seed_cotangents(probe, seed, dy):
@@ -245,6 +255,22 @@ def probe_and_seed_cotangents(probe, seed, dy):
 _forge_linear.defvjp(_forge_linear_fwd, _forge_linear_bwd)
 
 
+def update_in_place(ctx: FusedContext, path: tuple[str, ...]) -> bool:
+  """Whether the fused layer at ``path`` may update its kernel and state in
+  their own buffers (``fused_dw_update``'s ``in_place``).
+
+  Yes for a layer whose state is not stacked (its kernel is a whole argument
+  of the step), and for a stacked one traced inside as many ``inplace_scan``
+  bodies as it has layer axes (whose backward writes each slice back where
+  it was read). Under a plain ``nn.scan``/``lax.scan`` the new kernels are
+  collected into a new stack, where XLA's GPU dynamic-slice fusion gave the
+  in-place Mosaic kernel's operand and result different addresses and wrong
+  results (H200, ``docs/results.md``, "Stop 22"): such a layer writes fresh
+  outputs, which the scan writes into its new stack.
+  """
+  return ctx.stacked.get(path, 0) <= inplace_scan_lib.write_back_depth()
+
+
 def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
   """The fused update, per shard of the kernel under tensor parallelism.
 
@@ -259,7 +285,7 @@ def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
   a_in, a_out = spec.kernel_axes
   d_in, d_out = kernel.shape
   kw = dict(rule=spec.rule, implementation=spec.implementation,
-            interpret=spec.interpret)
+            interpret=spec.interpret, in_place=spec.in_place)
   if a_in is None and a_out is None:
     return fused_dw.fused_dw_update(x, dy, kernel, state, hparams, seed=seed, **kw)
   P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
@@ -491,7 +517,8 @@ class ForgeDense(nn.Module):
     spec = _Spec(rule=rule, compute_dtype=inputs.dtype,
                  precision=self.precision, implementation=implementation,
                  interpret=ctx.interpret, context=ctx, path=path,
-                 kernel_axes=tuple(self.kernel_axes), mesh=mesh)
+                 kernel_axes=tuple(self.kernel_axes), mesh=mesh,
+                 in_place=update_in_place(ctx, path))
     hparams = self.optimizer.packed_hyperparams(ctx.step)
     return _forge_linear(spec, inputs, kernel, state, hparams, probe, seed)
 

@@ -262,6 +262,7 @@ def fused_dw_update(
     seed: jax.Array | None = None,
     index_offset: tuple = (0, 0),
     index_width: int | None = None,
+    in_place: bool = False,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """Fused dW = xᵀ·dY and elementwise optimizer step (FORGE, arXiv 2606.22932).
 
@@ -309,6 +310,18 @@ def fused_dw_update(
       ``(row0 + i) * index_width + col0 + j``, so a sharded update rounds
       exactly like the unsharded one.
     index_width: the larger weight's number of columns (default ``out``).
+    in_place: for the compiled Mosaic kernel: update ``w`` and ``state`` in
+      their own buffers (no copy when the caller donates them). Pass True
+      only when the results replace the arguments where they are: ``w`` is
+      not a ``dynamic_slice`` of a larger array, or the new ``w`` is written
+      back with ``dynamic_update_slice`` into that same array at the same
+      index and nowhere else first. Otherwise XLA's GPU dynamic-slice fusion
+      can give the aliased operand and result different addresses and the
+      kernel reads garbage: inside ``lax.scan`` that collects the new
+      weights, for example (see :mod:`pallas_kernels.fused_dw.kernel_mosaic`).
+      False (the default): the kernel writes fresh outputs. The Triton
+      kernel aliases its outputs to ``w`` and ``state`` either way (it reads
+      and writes them through separate pointers).
 
   Returns:
     ``(new_w, new_state)`` with the dtypes and shapes of ``w`` and ``state``.
@@ -319,8 +332,9 @@ def fused_dw_update(
     ValueError: on wrong shapes or dtypes, an unknown implementation, a
       ``config.block_n`` (per epilogue chunk) that is not a multiple of 64
       with int8 state or of the rule's fold block, a
-      config of the other kernel, or an op outside the Mosaic kernel's scope
-      (the message says which condition).
+      config of the other kernel, an op outside the Mosaic kernel's scope
+      (the message says which condition), or an ``in_place`` that is not a
+      bool.
     RuntimeError: for ``implementation='triton'`` or ``'mosaic'`` without a
       GPU and without ``interpret`` (for ``'mosaic'`` before any scope
       reason).
@@ -344,6 +358,8 @@ def fused_dw_update(
     if not w.shape[1] <= index_width < 2**32:
       raise ValueError(f"index_width={index_width} must be at least w's number "
                        f"of columns {w.shape[1]} and below 2**32")
+  if not isinstance(in_place, bool):
+    raise ValueError(f"in_place={in_place!r} must be True or False")
   impl = resolve_implementation(implementation)
   if impl == "auto":
     impl = select_kernel(x, dy, w, state, rule, seed, config,
@@ -371,7 +387,8 @@ def fused_dw_update(
   if impl == "mosaic":
     return _kernel_call(kernel_mosaic.fused_dw_update_mosaic, x, dy, w, state,
                         hparams, seed, index_offset, rule=rule, config=config,
-                        interpret=interpret, index_width=index_width)
+                        interpret=interpret, index_width=index_width,
+                        in_place=in_place)
   if config is not None and not isinstance(config, FusedDWConfig):
     raise ValueError(f"implementation='triton' needs a FusedDWConfig, got "
                      f"config={config!r}")

@@ -8,15 +8,28 @@ fed transposed from shared memory, so x is never transposed in HBM). The
 epilogue walks the (block_m, block_n) tile in (epi_m, epi_n) sub-tiles: W and
 each state sub-tile arrive by TMA into a double (or triple) buffer, are
 updated in registers by ``rule.update`` and leave by TMA into the same
-place. The gradient tile never leaves registers. Compiled, W and the states
-are passed as Refs (``run_state``), which ``pl.kernel`` aliases in and out:
-the update is in place, as the Triton kernel's ``input_output_aliases`` make
-it. (Returning fresh buffers instead costs a copy of W and every state
-when the caller donates them: measured 0.35 ms at 4096×14336 with fp32 AdamW
-states, against a 0.41 ms kernel at T=512.) The CPU interpreter does not take
-``Ref`` operands, so interpret mode writes fresh output buffers, and neither
-does ``pl.kernel`` under ``vmap`` (a batch of Refs), so a vmapped op runs the
-batch on fresh buffers too.
+place. The gradient tile never leaves registers.
+
+With ``in_place=True`` (compiled), W and the states are passed as Refs
+(``run_state``), which ``pl.kernel`` aliases in and out: the update is in
+place, as the Triton kernel's ``input_output_aliases`` make it. (Returning
+fresh buffers instead costs a copy of W and every state when the caller
+donates them: measured 0.35 ms at 4096×14336 with fp32 AdamW states, against
+a 0.41 ms kernel at T=512.) Such a kernel reads and writes one buffer, so it
+is right only where XLA gives the operand and the aliased result the same
+address. XLA's GPU dynamic-slice fusion does not always: when W comes from a
+``dynamic_slice`` of one array and the new W goes anywhere but a
+``dynamic_update_slice`` of the same array at the same index (``lax.scan``
+collecting the new weights as its output; the slice written into another
+array; the new W passed through an ``optimization_barrier`` first), it
+addresses the operand inside the sliced array and the result elsewhere, and
+the kernel reads garbage (H200, jax 0.11.2, ``docs/results.md``, "Stop 22").
+So ``in_place`` is False unless the caller knows the result goes back where
+W came from (``forge_jax``'s ForgeDense: unstacked layers and
+``inplace_scan``). The CPU interpreter does not take ``Ref`` operands, so
+interpret mode writes fresh output buffers, and neither does ``pl.kernel``
+under ``vmap`` (a batch of Refs), so a vmapped op runs the batch on fresh
+buffers too.
 
 Scope (checked by :func:`unsupported_reason`; the Triton kernel covers the
 rest): bf16 x and dY, W fp32, or bf16 rounded to nearest or stochastically
@@ -951,8 +964,14 @@ results), and the kernel reads and writes fp32 rows. Measured with bf16 W
 
 def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
                            config: MosaicConfig, interpret: bool, seed=None,
-                           index_offset=(0, 0), index_width=None):
+                           index_offset=(0, 0), index_width=None,
+                           in_place: bool = False):
   """Runs the kernel; arguments as :func:`pallas_kernels.fused_dw.fused_dw_update`.
+
+  ``in_place``: W and the states are passed as Refs, aliased in and out, and
+  updated where they are (compiled, not vmapped; see the module docstring
+  and ``fused_dw_update``'s ``in_place`` for when that is safe). False: the
+  kernel reads them and writes fresh outputs.
 
   Raises:
     ValueError: if :func:`unsupported_reason` names a reason.
@@ -961,6 +980,8 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   reason = unsupported_reason(x, dy, w, state, rule, seed, config, interpret)
   if reason:
     raise ValueError(f"implementation='mosaic': {reason}")
+  if not isinstance(in_place, bool):
+    raise ValueError(f"in_place={in_place!r} must be True or False")
   tile = (config.epi_m, config.epi_n)
   from pallas_kernels.fused_dw import reference  # pylint: disable=g-import-not-at-top
   sr = seed is not None  # the API allows a seed only with a bf16 W
@@ -1003,7 +1024,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
                              kernel_name=name, **mesh, **extra)(*args))
 
   @jax.custom_batching.custom_vmap
-  def in_place(*args):
+  def aliased(*args):
     if interpret:  # the CPU interpreter takes no Ref operands
       return fresh(*args)
     # W and the states as Refs: pl.kernel aliases them in and out. run_state
@@ -1015,7 +1036,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
                 name=name)(*args[:len(operands)], *refs)
     return list(_run_state(on_refs)(tuple(args[len(operands):])))
 
-  @in_place.def_vmap
+  @aliased.def_vmap
   def _batched(axis_size, in_batched, *args):
     # pl.kernel batches Ref operands only with a batch of 1: under vmap the
     # batch runs on fresh buffers (a copy of W and the states, not in place).
@@ -1024,7 +1045,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
             for a, b in zip(args, in_batched)]
     return jax.vmap(fresh)(*args), [True] * len(out_type)
 
-  outs = in_place(*operands, *arrays)
+  outs = (aliased if in_place else fresh)(*operands, *arrays)
   new_state = []
   for st, entry in zip(state, layout.states):
     if len(entry) == 3:
