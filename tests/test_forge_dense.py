@@ -533,6 +533,33 @@ def test_kernels_stacked_by_nn_scan_are_not_updated_in_place(rng, monkeypatch):
                new.params, want)
 
 
+def test_step_inside_the_callers_scan_over_stacked_states_is_not_in_place(rng, monkeypatch):
+  # An ensemble trained in the caller's own lax.scan: each member's kernel is
+  # a slice of the xs stack and its new kernel goes into the ys stack, the
+  # pattern where the in-place Mosaic kernel read garbage (stop 22). On
+  # arrays make_train_step's step updates in place; traced, it does not, and
+  # neither does fused_step by default.
+  from pallas_kernels import fused_dw
+  seen = []
+  update = fused_dw.fused_dw_update
+  monkeypatch.setattr(fused_dw, "fused_dw_update",
+                      lambda *a, **kw: seen.append(kw["in_place"]) or update(*a, **kw))
+  model = fj.ForgeDense(8, optimizer=fj.adamw(1e-2))
+  x = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
+  tx = optax.adamw(1e-2)
+  states = [fj.TrainState.create(apply_fn=model.apply, variables=model.init(jax.random.key(i), x),
+                                 tx=tx) for i in range(3)]
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *states)
+  loss = lambda vv, b: jnp.sum(model.apply(vv, b) ** 2)  # noqa: E731
+  step = fj.make_train_step(loss)
+  jax.jit(lambda st: jax.lax.scan(lambda c, s: (c, step(s, x)[0]), 0, st)[1])(stacked)
+  jax.jit(lambda s: fj.fused_step(s, x, loss))(jax.tree.map(jnp.copy, states[0]))
+  step(jax.tree.map(jnp.copy, states[1]), x)
+  assert seen == [False, False, True]
+  with pytest.raises(ValueError, match="in_place=1 must be True or False"):
+    jax.eval_shape(lambda s: fj.fused_step(s, x, loss, in_place=1), states[2])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="compiled Mosaic kernel under XLA's GPU "
                     "dynamic-slice fusion (the CPU test above checks the choice)")
 def test_mosaic_kernels_under_nn_scan_match_the_reference(rng):

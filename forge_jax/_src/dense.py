@@ -26,7 +26,6 @@ import numpy as np
 from flax.linen.dtypes import promote_dtype
 from jax import lax
 
-from forge_jax._src import inplace_scan as inplace_scan_lib
 from forge_jax._src import transforms as transforms_lib
 from pallas_kernels import fused_dw
 from pallas_kernels import quantization
@@ -70,9 +69,12 @@ class FusedContext:
       backward pass reads its dx (see :func:`order_update`); set from
       ``fused_step``'s ``order_updates``.
     stacked: module path -> number of leading layer axes of that fused
-      layer's state (nn.scan), for the layers that have any. Such a layer's
-      kernel updates in place only when traced inside as many
-      ``inplace_scan`` bodies (:func:`update_in_place`).
+      layer's state (nn.scan, ``inplace_scan``), for the layers that have
+      any. Such a layer's kernel never updates in place
+      (:func:`update_in_place`).
+    in_place: whether unstacked fused layers may update in place
+      (``fused_step``'s ``in_place``; False: every kernel writes fresh
+      outputs).
   """
 
   step: jax.Array
@@ -83,6 +85,7 @@ class FusedContext:
       default_factory=dict)
   order_updates: bool = False
   stacked: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)
+  in_place: bool = False
 
   def record_backward(self, path: tuple[str, ...]) -> None:
     self.backward_traces[path] = self.backward_traces.get(path, 0) + 1
@@ -164,7 +167,7 @@ class _Spec:
   path: tuple[str, ...]
   kernel_axes: tuple = (None, None)
   mesh: Any = None
-  in_place: bool = True
+  in_place: bool = False
 
 
 def _matmul(spec: _Spec, x, kernel):
@@ -229,11 +232,13 @@ def order_update(dx, new_kernel):
   taken from the barrier, it no longer went straight into the scanned
   stack's ``dynamic_update_slice``, and XLA's dynamic-slice fusion then gave
   the in-place Mosaic kernel different operand and result addresses (NaN
-  from the second step, stop 21; found and fixed in stop 22). As written
-  the ordered and unordered steps are bit-identical on the H200, scanned
-  (2 layers) and unrolled. ``fused_step``'s ``order_updates`` applies it
-  to unstacked layers by default: with scanned layers it gave more temp
-  (2.08 GiB against 1.86, Llama-3.1-8B, int8 moments).
+  from the second step, stop 21; found in stop 22, when scanned layers still
+  updated in place). As written, every leaf after one ordered step equalled
+  the unordered step's on the H200 (2 scanned layers, in place). On the
+  GPU's XLA reference path the two may differ by fp32 rounding (the rest of
+  the backward fused differently). ``fused_step``'s ``order_updates``
+  applies it to unstacked layers by default: with scanned layers it gave
+  more temp (2.08 GiB against 1.86, Llama-3.1-8B, int8 moments).
   """
   dx, _ = lax.optimization_barrier((dx, new_kernel))
   return dx, new_kernel
@@ -259,16 +264,20 @@ def update_in_place(ctx: FusedContext, path: tuple[str, ...]) -> bool:
   """Whether the fused layer at ``path`` may update its kernel and state in
   their own buffers (``fused_dw_update``'s ``in_place``).
 
-  Yes for a layer whose state is not stacked (its kernel is a whole argument
-  of the step), and for a stacked one traced inside as many ``inplace_scan``
-  bodies as it has layer axes (whose backward writes each slice back where
-  it was read). Under a plain ``nn.scan``/``lax.scan`` the new kernels are
-  collected into a new stack, where XLA's GPU dynamic-slice fusion gave the
-  in-place Mosaic kernel's operand and result different addresses and wrong
-  results (H200, ``docs/results.md``, "Stop 22"): such a layer writes fresh
-  outputs, which the scan writes into its new stack.
+  Only when the step allows it (``ctx.in_place``: each state leaf is a whole
+  argument of the jitted step) and the layer's state is not stacked. A
+  stacked layer's kernel is a slice of its stack, and on the H200 XLA's GPU
+  dynamic-slice fusion gave the in-place Mosaic kernel different operand and
+  result addresses, and wrong results, whenever the new kernel did not go
+  straight back into that slice: under a plain ``nn.scan`` (the new kernels
+  collected into a new stack), and in ``inplace_scan`` when anything sat
+  between the slice and the kernel (``jax.checkpoint``'s barrier on a
+  rematerialized layer's inputs; docs/results.md, "Stop 22"). With fresh
+  outputs it was right in every pattern tried, and where the new kernel
+  does go back into its slice (``inplace_scan``) XLA wrote it there with no
+  extra temp.
   """
-  return ctx.stacked.get(path, 0) <= inplace_scan_lib.write_back_depth()
+  return ctx.in_place and path not in ctx.stacked
 
 
 def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):

@@ -27,39 +27,14 @@ fused kernels fed from ``forge_state`` and ``dense.path_prefix``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-
-
-_LOCAL = threading.local()
-
-
-def write_back_depth() -> int:
-  """How many :func:`inplace_scan` bodies the code being traced is inside.
-
-  A body is traced once, and its backward (a fused layer's update) runs only
-  in :func:`inplace_scan`'s backward loop, which writes each layer's
-  cotangent back into the slice it was read from; so a fused layer stacked
-  that many times may update in place (ForgeDense, see
-  ``pallas_kernels.fused_dw.fused_dw_update``'s ``in_place``)."""
-  return getattr(_LOCAL, "depth", 0)
-
-
-@contextlib.contextmanager
-def _writing_back() -> Iterator[None]:
-  _LOCAL.depth = write_back_depth() + 1
-  try:
-    yield
-  finally:
-    _LOCAL.depth -= 1
 
 
 def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
@@ -121,11 +96,8 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
   # explicit arguments, so their cotangents can be returned (summed over
   # the layers); closed-over values that are not differentiated pass too.
   first = lambda a: a[0]  # noqa: E731
-  # body is traced here, once, for the forward scan and the backward loop:
-  # what it traces is written back where it was read (write_back_depth).
-  with _writing_back():
-    converted, consts = jax.closure_convert(
-        body, carry, jax.tree.map(first, diff), jax.tree.map(first, const))
+  converted, consts = jax.closure_convert(
+      body, carry, jax.tree.map(first, diff), jax.tree.map(first, const))
   return _scan(converted, carry, diff, const, tuple(consts))
 
 

@@ -219,6 +219,7 @@ def fused_step(
     implementation: str | None = None,
     interpret: bool = False,
     order_updates: bool | None = False,
+    in_place: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One training step; fused layers update inside their backward pass.
 
@@ -241,6 +242,15 @@ def fused_step(
       was measured only for a step jitted on its own
       (:func:`make_train_step`, whose default is None), not inside a loop or
       vmap of yours.
+    in_place: let the compiled Mosaic kernel update the kernels and states
+      of fused layers that are not stacked (scanned) in their own buffers
+      (:func:`forge_jax._src.dense.update_in_place`; stacked layers always
+      get fresh outputs). Only when each state leaf is a whole argument of
+      the jitted step: not inside a ``lax.scan``/``lax.map`` of yours over
+      stacked states (an ensemble), where XLA's GPU dynamic-slice fusion
+      gave the in-place kernel wrong results (docs/results.md, stop 22).
+      False here; :func:`make_train_step` sets it when its step is called
+      on arrays.
 
   Returns:
     ``(new_state, metrics)``; metrics hold ``aux``, ``loss`` and
@@ -248,7 +258,8 @@ def fused_step(
     per kernel slice at run time).
 
   Raises:
-    ValueError: if ``order_updates`` is not None, True or False. At trace
+    ValueError: if ``order_updates`` is not None, True or False, or
+      ``in_place`` not True or False. At trace
       time (before anything runs or is written) if a fused
       layer's backward pass was traced zero times (output unused, under
       ``stop_gradient``, layer not called) or more than once (a layer applied
@@ -292,7 +303,8 @@ def fused_step(
   ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
                                interpret=interpret, seed=state.seed,
                                order_updates=_order_updates(state, order_updates),
-                               stacked=_stacked_layers(state.forge_state))
+                               stacked=_stacked_layers(state.forge_state),
+                               in_place=_check_in_place(in_place))
   with dense_lib.fused_context(ctx):
     if paths:
       _refuse_other_uses_of_fused_kernels(
@@ -327,6 +339,12 @@ def _check_order_updates(order_updates) -> None:
   if order_updates is not None and not isinstance(order_updates, bool):
     raise ValueError(
         f"order_updates={order_updates!r} must be None, True or False")
+
+
+def _check_in_place(in_place) -> bool:
+  if not isinstance(in_place, bool):
+    raise ValueError(f"in_place={in_place!r} must be True or False")
+  return in_place
 
 
 def _stacked_layers(forge_state) -> dict[tuple[str, ...], int]:
@@ -457,16 +475,18 @@ def make_train_step(
   ``order_updates`` is :func:`fused_step`'s (None: the updates are ordered
   unless a fused layer's state is stacked; True: always; False: never),
   applied when the step is called on arrays. Called inside a jit, loop or
-  vmap of yours, the step runs with ``order_updates=False``.
+  vmap of yours, the step runs with ``order_updates=False`` and
+  ``in_place=False`` (the caller's loop may slice the state from a stack).
   """
   _check_order_updates(order_updates)
 
-  def step(state, batch, order_updates=order_updates):
+  def step(state, batch, order_updates=order_updates, in_place=True):
     return fused_step(state, batch, loss_fn, implementation=implementation,
-                      interpret=interpret, order_updates=order_updates)
+                      interpret=interpret, order_updates=order_updates,
+                      in_place=in_place)
   donate_argnums = (0,) if donate else ()
   return FusedTrainStep(
       jax.jit(step, donate_argnums=donate_argnums),
       check_backward,
-      jax.jit(functools.partial(step, order_updates=False),
+      jax.jit(functools.partial(step, order_updates=False, in_place=False),
               donate_argnums=donate_argnums))

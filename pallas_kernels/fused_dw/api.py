@@ -312,16 +312,15 @@ def fused_dw_update(
     index_width: the larger weight's number of columns (default ``out``).
     in_place: for the compiled Mosaic kernel: update ``w`` and ``state`` in
       their own buffers (no copy when the caller donates them). Pass True
-      only when the results replace the arguments where they are: ``w`` is
-      not a ``dynamic_slice`` of a larger array, or the new ``w`` is written
-      back with ``dynamic_update_slice`` into that same array at the same
-      index and nowhere else first. Otherwise XLA's GPU dynamic-slice fusion
-      can give the aliased operand and result different addresses and the
-      kernel reads garbage: inside ``lax.scan`` that collects the new
-      weights, for example (see :mod:`pallas_kernels.fused_dw.kernel_mosaic`).
-      False (the default): the kernel writes fresh outputs. The Triton
-      kernel aliases its outputs to ``w`` and ``state`` either way (it reads
-      and writes them through separate pointers).
+      only when they are whole arguments of your jitted function (not
+      slices of a larger array, e.g. inside a ``lax.scan`` over stacked
+      weights) and the results replace them. With slices, XLA's GPU
+      dynamic-slice fusion gave the aliased operand and result different
+      addresses and the kernel read garbage in every pattern but one
+      (see :mod:`pallas_kernels.fused_dw.kernel_mosaic`). False (the
+      default): the kernel writes fresh outputs. The Triton kernel aliases
+      its outputs to ``w`` and ``state`` either way (it reads and writes
+      them through separate pointers; right in every pattern tried).
 
   Returns:
     ``(new_w, new_state)`` with the dtypes and shapes of ``w`` and ``state``.

@@ -17,16 +17,17 @@ fresh buffers instead costs a copy of W and every state when the caller
 donates them: measured 0.35 ms at 4096×14336 with fp32 AdamW states, against
 a 0.41 ms kernel at T=512.) Such a kernel reads and writes one buffer, so it
 is right only where XLA gives the operand and the aliased result the same
-address. XLA's GPU dynamic-slice fusion does not always: when W comes from a
-``dynamic_slice`` of one array and the new W goes anywhere but a
-``dynamic_update_slice`` of the same array at the same index (``lax.scan``
-collecting the new weights as its output; the slice written into another
-array; the new W passed through an ``optimization_barrier`` first), it
-addresses the operand inside the sliced array and the result elsewhere, and
-the kernel reads garbage (H200, jax 0.11.2, ``docs/results.md``, "Stop 22").
-So ``in_place`` is False unless the caller knows the result goes back where
-W came from (``forge_jax``'s ForgeDense: unstacked layers and
-``inplace_scan``). The CPU interpreter does not take ``Ref`` operands, so
+address. XLA's GPU dynamic-slice fusion does not always: with W a slice of
+a stack, it gave them different addresses and the kernel read garbage
+whenever anything but a direct ``dynamic_slice`` -> kernel ->
+``dynamic_update_slice`` of the same stack at the same index was in play
+(``lax.scan`` collecting the new weights as its output; the slice written
+into another array; an ``optimization_barrier`` between the slice and the
+kernel, as ``jax.checkpoint`` puts one, or between the kernel and the
+update; H200, jax 0.11.2, ``docs/results.md``, "Stop 22"). So ``in_place``
+is False unless the caller knows W and the states are whole arguments whose
+results replace them (``forge_jax``'s ForgeDense: unstacked layers in
+``make_train_step``'s step called on arrays). The CPU interpreter does not take ``Ref`` operands, so
 interpret mode writes fresh output buffers, and neither does ``pl.kernel``
 under ``vmap`` (a batch of Refs), so a vmapped op runs the batch on fresh
 buffers too.
