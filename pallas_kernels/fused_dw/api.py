@@ -268,7 +268,8 @@ def fused_dw_update(
 
   The gradient is computed one (block_m, block_n) tile at a time in fp32 and
   consumed by ``rule.update`` in registers; only the new weight and state are
-  written, into the buffers of the old ones when those are donated.
+  written (into the buffers of the old ones with ``in_place``, and by the
+  Triton kernel, when those are donated).
 
   Args:
     x: layer inputs, (T, in), float32 or bfloat16.
@@ -291,7 +292,7 @@ def fused_dw_update(
       T/in/out divisible by its tile, folded moments in fp32 or bf16 with
       a fold block of at least 8 columns dividing ``config.epi_n``,
       compiled on jax >= 0.11 (interpret mode on any); in
-      place when compiled and not vmapped: see
+      place when compiled, not vmapped and ``in_place``: see
       :mod:`pallas_kernels.fused_dw.kernel_mosaic`), ``'auto'`` (one of the
       two kernels per op on a GPU: :func:`select_kernel`; the reference
       elsewhere) or ``None`` (the same as ``'auto'``).
