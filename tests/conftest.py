@@ -51,6 +51,18 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 
 @pytest.fixture
+def in_place_requests(monkeypatch):
+  """The ``in_place`` of every ``pallas_kernels.fused_dw.fused_dw_update``
+  call made through the package (ForgeDense's fused updates), in order."""
+  from pallas_kernels import fused_dw  # pylint: disable=g-import-not-at-top
+  seen = []
+  update = fused_dw.fused_dw_update
+  monkeypatch.setattr(fused_dw, "fused_dw_update",
+                      lambda *a, **kw: seen.append(kw["in_place"]) or update(*a, **kw))
+  return seen
+
+
+@pytest.fixture
 def on_cpu():
   """Runs a test on host CPUs (the 2-device mesh tests), also on a GPU machine."""
   with jax.default_device(jax.devices("cpu")[0]):

@@ -497,16 +497,11 @@ def test_scanned_bf16_layers_get_their_own_rounding_seeds(rng):
   assert bool(m["forge_backward_ok"])
 
 
-def test_kernels_stacked_by_nn_scan_are_not_updated_in_place(rng, monkeypatch):
+def test_kernels_stacked_by_nn_scan_are_not_updated_in_place(rng, in_place_requests):
   # Under a plain nn.scan the new kernels are collected into a new stack:
   # there the in-place Mosaic kernel got different operand and result
   # addresses from XLA's GPU dynamic-slice fusion (docs/results.md, stop
   # 22), so such a layer asks for fresh outputs; an unstacked one, in place.
-  from pallas_kernels import fused_dw
-  seen = []
-  update = fused_dw.fused_dw_update
-  monkeypatch.setattr(fused_dw, "fused_dw_update",
-                      lambda *a, **kw: seen.append(kw["in_place"]) or update(*a, **kw))
 
   class Stack(nn.Module):
     @nn.compact
@@ -523,7 +518,7 @@ def test_kernels_stacked_by_nn_scan_are_not_updated_in_place(rng, monkeypatch):
   state = fj.TrainState.create(apply_fn=model.apply, variables=jax.tree.map(jnp.copy, v),
                                tx=optax.adamw(1e-2))
   new, m = fj.make_train_step(lambda vv, b: jnp.sum(model.apply(vv, b) ** 2))(state, x)
-  assert sorted(seen) == [False, True] and bool(m["forge_backward_ok"])
+  assert sorted(in_place_requests) == [False, True] and bool(m["forge_backward_ok"])
   # The same values as the optax step (the xla reference on the CPU).
   ref = optax.adamw(1e-2)
   grads = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x) ** 2))(v["params"])
@@ -533,17 +528,12 @@ def test_kernels_stacked_by_nn_scan_are_not_updated_in_place(rng, monkeypatch):
                new.params, want)
 
 
-def test_step_inside_the_callers_scan_over_stacked_states_is_not_in_place(rng, monkeypatch):
+def test_step_inside_the_callers_scan_over_stacked_states_is_not_in_place(rng, in_place_requests):
   # An ensemble trained in the caller's own lax.scan: each member's kernel is
   # a slice of the xs stack and its new kernel goes into the ys stack, the
   # pattern where the in-place Mosaic kernel read garbage (stop 22). On
   # arrays make_train_step's step updates in place; traced, it does not, and
   # neither does fused_step by default.
-  from pallas_kernels import fused_dw
-  seen = []
-  update = fused_dw.fused_dw_update
-  monkeypatch.setattr(fused_dw, "fused_dw_update",
-                      lambda *a, **kw: seen.append(kw["in_place"]) or update(*a, **kw))
   model = fj.ForgeDense(8, optimizer=fj.adamw(1e-2))
   x = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
   tx = optax.adamw(1e-2)
@@ -555,7 +545,7 @@ def test_step_inside_the_callers_scan_over_stacked_states_is_not_in_place(rng, m
   jax.jit(lambda st: jax.lax.scan(lambda c, s: (c, step(s, x)[0]), 0, st)[1])(stacked)
   jax.jit(lambda s: fj.fused_step(s, x, loss))(jax.tree.map(jnp.copy, states[0]))
   step(jax.tree.map(jnp.copy, states[1]), x)
-  assert seen == [False, False, True]
+  assert in_place_requests == [False, False, True]
   with pytest.raises(ValueError, match="in_place=1 must be True or False"):
     jax.eval_shape(lambda s: fj.fused_step(s, x, loss, in_place=1), states[2])
 

@@ -229,7 +229,7 @@ def test_fused_step_with_scanned_layers_equals_unrolled(tiny):
       rtol=1e-5, atol=1e-6)
 
 
-def test_only_unstacked_fused_layers_update_in_place(tiny, monkeypatch):
+def test_only_unstacked_fused_layers_update_in_place(tiny, in_place_requests):
   """fused_dw_update's in_place: Llama's scanned blocks (inplace_scan) get
   fresh outputs, as a plain nn.scan's layers do (tests/test_forge_dense.py):
   a stacked layer's kernel is a slice of its stack, where XLA's GPU
@@ -237,11 +237,6 @@ def test_only_unstacked_fused_layers_update_in_place(tiny, monkeypatch):
   head updates in place, and nothing does when the step does not allow it."""
   import forge_jax as fj
   from forge_jax._src import dense as dense_lib
-  from pallas_kernels import fused_dw
-  seen = []
-  update = fused_dw.fused_dw_update
-  monkeypatch.setattr(fused_dw, "fused_dw_update",
-                      lambda *a, **kw: seen.append(kw["in_place"]) or update(*a, **kw))
   tokens = tiny[0]
   dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2), implementation="xla")
   model = Llama(dataclasses.replace(TINY, scan_layers=True, remat=True),
@@ -250,8 +245,8 @@ def test_only_unstacked_fused_layers_update_in_place(tiny, monkeypatch):
   state = fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adamw(1e-2))
   fj.make_train_step(lambda vv, b: cross_entropy_loss(model.apply(vv, b[0]), b[1])).lower(
       state, (tokens[:, :-1], tokens[:, 1:]))
-  assert sorted(seen) == [False] * len(PROJ_NAMES) + [True]
-  ctx = dense_lib.FusedContext(step=jnp.int32(0), stacked={("a",): 1}, in_place=True)
+  assert sorted(in_place_requests) == [False] * len(PROJ_NAMES) + [True]
+  ctx = dense_lib.FusedContext(step=jnp.int32(0), stacked=frozenset({("a",)}), in_place=True)
   assert [dense_lib.update_in_place(ctx, p) for p in [("a",), ("c",)]] == [False, True]
   ctx = dense_lib.FusedContext(step=jnp.int32(0))
   assert not dense_lib.update_in_place(ctx, ("c",))

@@ -68,9 +68,8 @@ class FusedContext:
     order_updates: finish each fused layer's update before the rest of the
       backward pass reads its dx (see :func:`order_update`); set from
       ``fused_step``'s ``order_updates``.
-    stacked: module path -> number of leading layer axes of that fused
-      layer's state (nn.scan, ``inplace_scan``), for the layers that have
-      any. Such a layer's kernel never updates in place
+    stacked: the module paths of the fused layers whose state is stacked
+      (nn.scan, ``inplace_scan``). Their kernels never update in place
       (:func:`update_in_place`).
     in_place: whether unstacked fused layers may update in place
       (``fused_step``'s ``in_place``; False: every kernel writes fresh
@@ -84,7 +83,7 @@ class FusedContext:
   backward_traces: dict[tuple[str, ...], int] = dataclasses.field(
       default_factory=dict)
   order_updates: bool = False
-  stacked: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)
+  stacked: frozenset[tuple[str, ...]] = frozenset()
   in_place: bool = False
 
   def record_backward(self, path: tuple[str, ...]) -> None:

@@ -300,10 +300,11 @@ def fused_step(
     loss, aux = out if isinstance(out, tuple) else (out, {})
     return loss, aux
 
+  stacked = _stacked_layers(state.forge_state)
   ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
                                interpret=interpret, seed=state.seed,
-                               order_updates=_order_updates(state, order_updates),
-                               stacked=_stacked_layers(state.forge_state),
+                               order_updates=_order_updates(stacked, order_updates),
+                               stacked=stacked,
                                in_place=_check_in_place(in_place))
   with dense_lib.fused_context(ctx):
     if paths:
@@ -347,19 +348,19 @@ def _check_in_place(in_place) -> bool:
   return in_place
 
 
-def _stacked_layers(forge_state) -> dict[tuple[str, ...], int]:
-  """Fused layer path -> its number of leading layer axes (nn.scan), for
-  the layers whose state is stacked (its probe is not a scalar)."""
-  return {k[:-1]: int(jnp.ndim(v)) for k, v in traverse_util.flatten_dict(
-      dict(forge_state)).items() if k[-1] == PROBE and jnp.ndim(v) > 0}
+def _stacked_layers(forge_state) -> frozenset[tuple[str, ...]]:
+  """The paths of the fused layers whose state is stacked (nn.scan,
+  inplace_scan): their probe is not a scalar."""
+  return frozenset(k[:-1] for k, v in traverse_util.flatten_dict(
+      dict(forge_state)).items() if k[-1] == PROBE and jnp.ndim(v) > 0)
 
 
-def _order_updates(state: TrainState, order_updates: bool | None) -> bool:
+def _order_updates(stacked: frozenset, order_updates: bool | None) -> bool:
   """fused_step's ``order_updates``, None resolved (off when a fused layer's
   state is stacked)."""
   _check_order_updates(order_updates)
   if order_updates is None:
-    return not _stacked_layers(state.forge_state)
+    return not stacked
   return order_updates
 
 
@@ -435,7 +436,8 @@ class FusedTrainStep:
   def __call__(self, state: TrainState, batch: Any):
     # Called inside a jit, loop or vmap of the caller's (a traced state), the
     # step is compiled without ordering the updates (fused_step's
-    # order_updates: measured only for a step jitted on its own).
+    # order_updates: measured only for a step jitted on its own) and without
+    # in-place kernels (the caller's loop may slice the state from a stack).
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state))
     new_state, metrics = (self.jitted_in_trace if traced else self.jitted)(
         state, batch)

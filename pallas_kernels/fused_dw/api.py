@@ -358,8 +358,7 @@ def fused_dw_update(
     if not w.shape[1] <= index_width < 2**32:
       raise ValueError(f"index_width={index_width} must be at least w's number "
                        f"of columns {w.shape[1]} and below 2**32")
-  if not isinstance(in_place, bool):
-    raise ValueError(f"in_place={in_place!r} must be True or False")
+  kernel_mosaic.check_in_place(in_place)
   impl = resolve_implementation(implementation)
   if impl == "auto":
     impl = select_kernel(x, dy, w, state, rule, seed, config,

@@ -963,6 +963,12 @@ results), and the kernel reads and writes fp32 rows. Measured with bf16 W
 (``experiments/results/h200_2026-12-01f/bench``)."""
 
 
+def check_in_place(in_place) -> None:
+  """Raises ValueError unless ``in_place`` is True or False."""
+  if not isinstance(in_place, bool):
+    raise ValueError(f"in_place={in_place!r} must be True or False")
+
+
 def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
                            config: MosaicConfig, interpret: bool, seed=None,
                            index_offset=(0, 0), index_width=None,
@@ -981,8 +987,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   reason = unsupported_reason(x, dy, w, state, rule, seed, config, interpret)
   if reason:
     raise ValueError(f"implementation='mosaic': {reason}")
-  if not isinstance(in_place, bool):
-    raise ValueError(f"in_place={in_place!r} must be True or False")
+  check_in_place(in_place)
   tile = (config.epi_m, config.epi_n)
   from pallas_kernels.fused_dw import reference  # pylint: disable=g-import-not-at-top
   sr = seed is not None  # the API allows a seed only with a bf16 W
