@@ -10,7 +10,7 @@ inputs rotated over three buffers, W and state donated and fed back):
   and state donated (the unfused baseline, the same storage formats);
 * ``fused``: the Pallas Triton kernel (default tile configuration);
 * ``mosaic`` (``--mosaic``): the Pallas Mosaic GPU kernel (TMA + wgmma,
-  ``MosaicConfig.default``), where the case is in its scope (else the reason);
+  ``mosaic_default_config``), where the case is in its scope (else the reason);
 
 beside the floor max(2·T·in·out / peak FLOP/s, bytes that must move / peak
 bandwidth). The floor uses the H200's nominal peaks (790 TFLOP/s dense bf16,

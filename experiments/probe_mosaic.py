@@ -30,10 +30,11 @@ from pallas_kernels.fused_dw import fused_dw_update
 from pallas_kernels.fused_dw import fused_dw_update_reference
 
 C = MosaicConfig
-# Names: m<block_m>n<block_n>t<block_t>s<max_concurrent_steps>, then x3 = 3
-# epilogue slots, e<N> = epilogue sub-tiles 64 × N, noT = x fed through
+# Names: m<block_m>n<block_n>t<block_t>s<max_concurrent_steps>, then x<N> = N
+# epilogue slots, a<N> = epi_ahead N, e<N> = epilogue sub-tiles 64 × N, noT = x fed through
 # a transposed shared-memory view (transpose_x=False); WS_* = warp-specialized
-# (compute_wgs=2, tile block_m × 2·block_n).
+# (compute_wgs=2, tile block_m × 2·block_n); PP_* = ping-pong (compute_wgs=2,
+# ping_pong=True, tiles block_m × block_n).
 CONFIGS = {
     # one warpgroup per CTA, one CTA per (block_m, block_n) tile
     "m128n128t64s3": C(128, 128, 64, 3),
@@ -42,6 +43,8 @@ CONFIGS = {
     "m64n128t64s4x3": C(64, 128, 64, 4, epi_slots=3),
     "m64n128t64s4": C(64, 128, 64, 4),
     "m64n64t64s4": C(64, 64, 64, 4),
+    "m128n128t64s3x4a3e32noT": C(128, 128, 64, 3, epi_slots=4, epi_ahead=3,
+                                 epi_n=32, transpose_x=False),
     # warp-specialized, persistent, two compute warpgroups
     "WS_A_n128s2e32": C(128, 128, 64, 2, epi_n=32, compute_wgs=2),
     "WS_B_n128s3e16": C(128, 128, 64, 3, epi_n=16, compute_wgs=2),
@@ -50,6 +53,24 @@ CONFIGS = {
                           transpose_x=False),
     "WS_G_n128s2": C(128, 128, 64, 2, compute_wgs=2),
     "WS_H_n64s3": C(128, 64, 64, 3, compute_wgs=2),
+    # ping-pong: the two compute warpgroups take alternate (block_m, block_n)
+    # tiles, one's token loop beside the other's epilogue
+    "PP_n128s3e32": C(128, 128, 64, 3, epi_n=32, compute_wgs=2, ping_pong=True),
+    "PP_n128s3e32noT": C(128, 128, 64, 3, epi_n=32, compute_wgs=2,
+                         ping_pong=True, transpose_x=False),
+    "PP_n128s4e16": C(128, 128, 64, 4, epi_n=16, compute_wgs=2, ping_pong=True),
+    "PP_n128s3": C(128, 128, 64, 3, compute_wgs=2, ping_pong=True),
+    "PP_m64n128s4": C(64, 128, 64, 4, compute_wgs=2, ping_pong=True),
+    "PP_m64n256s3e32": C(64, 256, 64, 3, epi_n=32, compute_wgs=2, ping_pong=True),
+    "PP_n128s4e32": C(128, 128, 64, 4, epi_n=32, compute_wgs=2, ping_pong=True),
+    "PP_n128s4e16x4a3": C(128, 128, 64, 4, epi_n=16, epi_slots=4, epi_ahead=3,
+                          compute_wgs=2, ping_pong=True),
+    "PP_n128s5e16": C(128, 128, 64, 5, epi_n=16, compute_wgs=2, ping_pong=True),
+    "PP_n128s4e64": C(128, 128, 64, 4, compute_wgs=2, ping_pong=True),
+    "PP_n128s5e32": C(128, 128, 64, 5, epi_n=32, compute_wgs=2, ping_pong=True),
+    "PP_n128s4e32x4a3": C(128, 128, 64, 4, epi_n=32, epi_slots=4, epi_ahead=3,
+                          compute_wgs=2, ping_pong=True),
+    "PP_m64n128s5": C(64, 128, 64, 5, compute_wgs=2, ping_pong=True),
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
@@ -67,7 +88,7 @@ def main(argv=None):
                  help="comma-separated names: m<block_m>n<block_n>t<block_t>"
                  "s<stages>, x3 = 3 epilogue slots, e<N> = epilogue sub-tile "
                  "width, noT = transpose_x=False, WS_* = warp-specialized "
-                 "(compute_wgs=2); the warp-specialized and noT ones are "
+                 "(compute_wgs=2), PP_* = ping-pong; those and noT are "
                  "GPU-only")
   p.add_argument("--reps", type=int, default=20, help="timed runs per variant")
   p.add_argument("--interpret", action="store_true",

@@ -137,8 +137,8 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng, monkeypatch):
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), **hopper) == "mosaic"
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3),
                        compute_capability="8.0") == "triton"
-  # fp32 W beside an fp32 and an int8 state at T=8192: the warp-specialized
-  # int8 default overflows shared memory, the one-warpgroup tile is taken.
+  # fp32 W beside an fp32 and an int8 state at T=8192: the ping-pong int8
+  # default overflows shared memory, the one-warpgroup tile is taken.
   xl, dyl, wl, sl = _op(rng, 8192, 256, 256)
   mixed = (sl[0], quantization.quantize(sl[1], True))
   cfg = api.mosaic_default_config(xl, dyl, wl, mixed, ADAMW, None)
@@ -148,6 +148,12 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng, monkeypatch):
       tuple(quantization.quantize(s, n) for s, n in zip(sl, (False, True))),
       ADAMW, None).compute_wgs == 2
   assert select_kernel(xl, dyl, wl, mixed, ADAMW, None, **hopper) == "mosaic"
+  # fp32 W and states at T=8192: ping-pong; folded moments there keep the
+  # one-warpgroup tile (ping-pong was not measured with them).
+  assert api.mosaic_default_config(xl, dyl, wl, sl, ADAMW, None).ping_pong
+  fold3 = FoldAdamRule(3)
+  f3 = tuple(jnp.zeros(fold3.state_shape(wl.shape)) for _ in fold3.state_names)
+  assert api.mosaic_default_config(xl, dyl, wl, f3, fold3, None).compute_wgs == 1
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), config=MosaicConfig(),
                        compute_capability="8.0") == "mosaic"
   fold = FoldAdamRule(2)

@@ -4,6 +4,8 @@ On the CPU the kernel runs in Mosaic GPU interpret mode (which simulates
 shared memory, TMA copies and barriers); on a GPU also compiled.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +72,12 @@ def test_every_rule_matches_reference(rng, rule, interpret):
     MosaicConfig(block_m=128, block_n=128, block_t=64, epi_slots=3, epi_n=32),
     MosaicConfig(block_m=64, block_n=128, block_t=128, max_concurrent_steps=1,
                  early_epilogue=True, group_m=1),
-], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue"])
+    MosaicConfig(block_m=128, block_n=128, block_t=64, epi_slots=4,
+                 epi_ahead=3, epi_n=16),
+    MosaicConfig(block_m=64, block_n=128, block_t=64, epi_slots=3,
+                 epi_ahead=1, epi_n=32),
+], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue", "slots4-ahead3",
+        "slots3-ahead1"])
 def test_tiles_and_epilogue_pipelines(rng, config, interpret):
   # Several tiles in the grid (in 256 / block_m × out 256 / block_n), several
   # token steps, several epilogue sub-tiles per tile.
@@ -186,9 +193,12 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(block_m=32), "block_m"), (dict(block_n=96), "block_n"),
-    (dict(block_t=32), "block_t"), (dict(epi_slots=4), "epi_slots"),
+    (dict(block_t=32), "block_t"), (dict(epi_slots=5), "epi_slots"),
+    (dict(epi_ahead=3), "epi_ahead=3 must be in"), (dict(epi_ahead=0), "epi_ahead"),
     (dict(epi_m=32), "epilogue sub-tile"), (dict(max_concurrent_steps=0), ">= 1"),
     (dict(compute_wgs=3), "compute_wgs"), (dict(num_ctas=0), "num_ctas"),
+    (dict(ping_pong=True), "ping_pong=True needs compute_wgs=2"),
+    (dict(ping_pong=1, compute_wgs=2), "ping_pong=1 must be a bool"),
 ])
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -202,15 +212,25 @@ def test_default_config_fits_64_multiples(rng):
   assert MosaicConfig.default(512, 4096, 14336, interpret=True).transpose_x
   cfg = MosaicConfig.default(64, 192, 64)
   assert (cfg.block_m, cfg.block_n) == (64, 64)
-  # int8 states: 64-row tiles (register room for decode and encode), or the
-  # warp-specialized layout from T=8192 on; never the latter in interpret
-  # mode.
-  q = MosaicConfig.default(512, 4096, 14336, int8_states=True)
-  assert (q.block_m, q.block_n, q.compute_wgs, q.epi_n) == (64, 128, 1, 64)
-  q = MosaicConfig.default(8192, 4096, 14336, int8_states=True)
-  assert (q.block_m, q.block_n, q.compute_wgs) == (128, 64, 2)
-  q = MosaicConfig.default(8192, 4096, 14336, interpret=True, int8_states=True)
-  assert q.compute_wgs == 1
+  # Ping-pong where it measured faster: fp32 from T=8192 on; bf16 W and
+  # states from T=2048 on (from 8192 on with stochastic rounding); int8
+  # states at every T; never in interpret mode or where the tile does not
+  # divide.
+  pp = lambda c: (c.compute_wgs, c.ping_pong)  # noqa: E731
+  assert pp(MosaicConfig.default(8192, 4096, 14336)) == (2, True)
+  assert pp(MosaicConfig.default(2048, 4096, 14336, narrow=True)) == (2, True)
+  for t, want in ((512, 1), (2048, 1), (8192, 2)):
+    assert MosaicConfig.default(t, 4096, 14336, narrow=True,
+                                stochastic_rounding=True).compute_wgs == want
+  assert MosaicConfig.default(512, 4096, 14336, narrow=True).compute_wgs == 1
+  for t in (512, 2048, 8192):
+    q = MosaicConfig.default(t, 4096, 14336, int8_states=True)
+    assert (q.block_m, q.block_n, q.epi_n, *pp(q)) == (64, 128, 64, 2, True)
+    for kw in (dict(interpret=True), dict(warp_specialized=False)):
+      assert MosaicConfig.default(t, 4096, 14336, narrow=True, **kw).compute_wgs == 1
+      q = MosaicConfig.default(t, 4096, 14336, int8_states=True, **kw)
+      assert (q.block_m, q.block_n, q.compute_wgs) == (64, 128, 1)
+  assert MosaicConfig.default(8192, 4096, 14400, narrow=True).compute_wgs == 1
   assert MosaicConfig.default(512, 4096, 192, int8_states=True).block_n == 64
   args = _inputs(rng, rules.ADAMW, 64, 192, 64)
   got = jax.jit(lambda *a: fused_dw_update(
@@ -275,6 +295,102 @@ def test_warp_specialized_kernel_lowers_for_cuda(rng, config):
       *a, rule=rules.ADAMW, config=config, interpret=False))
   text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
+
+
+# The ping-pong layout (compute_wgs=2, ping_pong=True): GPU-only like the
+# warp-specialized one; the CPU checks its lowering.
+PP_CONFIGS = [
+    # 3 CTAs over 10 tiles of (64, 64): 4, 3 and 3 tiles, so one compute
+    # warpgroup has a single tile; 2 token steps per tile against a ring of
+    # 3 stages, so a tile's steps start at a different stage each time.
+    MosaicConfig(block_m=64, block_n=64, block_t=64, max_concurrent_steps=3,
+                 epi_n=32, compute_wgs=2, ping_pong=True, num_ctas=3),
+    # 2 CTAs over 8 tiles of (128, 128), x through a transposed view, 8
+    # epilogue sub-tiles per tile, 3 of them loading at a time, 4 stages.
+    MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=4,
+                 epi_n=16, epi_slots=3, epi_ahead=3, compute_wgs=2,
+                 ping_pong=True, transpose_x=False, num_ctas=2),
+]
+PP_SHAPES = [(128, 128, 320), (256, 256, 512)]  # (T, in, out) per config
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
+                    "CPU test below checks the lowering)")
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+@pytest.mark.parametrize("rule,state_dtype", [
+    (rules.LION, jnp.float32), (rules.ADAMW, jnp.float32),
+    (rules.ADAMW, jnp.bfloat16)], ids=["lion-fp32", "adamw-fp32", "adamw-bf16"])
+def test_ping_pong_kernel(rng, rule, state_dtype, which, in_place):
+  args = _inputs(rng, rule, *PP_SHAPES[which], state_dtype=state_dtype)
+  want = fused_dw_update_reference(*args, rule=rule)
+  got = jax.jit(lambda *a: fused_dw_update(
+      *a, rule=rule, implementation="mosaic", config=PP_CONFIGS[which],
+      in_place=in_place), donate_argnums=(2, 3))(*args)
+  _check(got, want, 2e-6 if state_dtype == jnp.float32 else 2 ** -8)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
+                    "CPU test below checks the lowering)")
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+def test_ping_pong_int8_states_and_stochastic_rounding(rng, which):
+  config = dataclasses.replace(PP_CONFIGS[which], epi_n=64, epi_slots=2,
+                               epi_ahead=2)  # int8: 64-column sub-tiles
+  args = _inputs(rng, rules.ADAMW, *PP_SHAPES[which], w_dtype=jnp.bfloat16)
+  args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
+  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5), index_offset=(7, 3),
+            index_width=700)
+  got = _run_kw(args, config, kw)
+  want = fused_dw_update_reference(*args, **kw)
+  assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
+  _check_int8((got[0].astype(jnp.float32), got[1]),
+              (want[0].astype(jnp.float32), want[1]), 2 ** -8)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+def test_ping_pong_kernel_lowers_for_cuda(rng, which, in_place):
+  args = _inputs(rng, rules.ADAMW, *PP_SHAPES[which])
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rules.ADAMW, config=PP_CONFIGS[which], interpret=False,
+      in_place=in_place))
+  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  call = text[text.index("custom_call @mosaic_gpu"):].split("\n")[0]
+  assert ("output_operand_aliases" in call) == in_place
+
+
+def test_ping_pong_tiles_and_refusals(rng):
+  # Its tiles are (block_m, block_n), not the cooperative layout's
+  # (block_m, 2·block_n): out = 320 divides by 64 but not by 128.
+  sds = jax.ShapeDtypeStruct
+  x, dy = sds((128, 128), jnp.bfloat16), sds((128, 320), jnp.bfloat16)
+  w = sds((128, 320), jnp.float32)
+  st = (w, w)
+  pp = PP_CONFIGS[0]
+  assert kernel_mosaic.unsupported_reason(x, dy, w, st, rules.ADAMW, None,
+                                          pp) is None
+  coop = dataclasses.replace(pp, ping_pong=False)
+  assert "block_n·compute_wgs = 64, 64, 128" in kernel_mosaic.unsupported_reason(
+      x, dy, w, st, rules.ADAMW, None, coop)
+  odd = sds((128, 330), jnp.float32)
+  assert "block_n = 64, 64, 64" in kernel_mosaic.unsupported_reason(
+      x, sds((128, 330), jnp.bfloat16), odd, (odd, odd), rules.ADAMW, None, pp)
+  # Each compute warpgroup keeps its own epilogue buffers beside the ring:
+  # 128×128 tiles with fp32 W and moments need epi_n = 32 to fit.
+  big = MosaicConfig(compute_wgs=2, ping_pong=True)
+  reason = kernel_mosaic.unsupported_reason(
+      sds((2048, 4096), jnp.bfloat16), sds((2048, 14336), jnp.bfloat16),
+      sds((4096, 14336), jnp.float32), (sds((4096, 14336), jnp.float32),) * 2,
+      rules.ADAMW, None, big)
+  assert reason and "shared memory" in reason
+  assert kernel_mosaic.unsupported_reason(
+      sds((2048, 4096), jnp.bfloat16), sds((2048, 14336), jnp.bfloat16),
+      sds((4096, 14336), jnp.float32), (sds((4096, 14336), jnp.float32),) * 2,
+      rules.ADAMW, None, dataclasses.replace(big, epi_n=32)) is None
+  with pytest.raises(ValueError, match="interpret"):
+    fused_dw_update(*_inputs(rng, rules.ADAMW, 128, 128, 320),
+                    rule=rules.ADAMW, implementation="mosaic", config=pp,
+                    interpret=True)
 
 
 @pytest.mark.parametrize("config", [MosaicConfig(), WS_CONFIGS[1]],

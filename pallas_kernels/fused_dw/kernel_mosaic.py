@@ -10,6 +10,13 @@ each state sub-tile arrive by TMA into a double (or triple) buffer, are
 updated in registers by ``rule.update`` and leave by TMA into the same
 place. The gradient tile never leaves registers.
 
+Three layouts (:class:`MosaicConfig`): one warpgroup per CTA and tile
+(``_kernel``); two compute warpgroups splitting a (block_m, 2·block_n) tile
+beside a memory warpgroup that issues the token loop's loads
+(``_kernel_ws``, "cooperative"); and ping-pong (``_kernel_pp``): the two
+compute warpgroups take alternate tiles through one ring of token stages, so
+that one's token loop (tensor cores) overlaps the other's epilogue (HBM).
+
 With ``in_place=True`` (compiled), W and the states are passed as Refs
 (``run_state``), which ``pl.kernel`` aliases in and out: the update is in
 place, as the Triton kernel's ``input_output_aliases`` make it. (Returning
@@ -147,10 +154,14 @@ class MosaicConfig:
       wgmma reads x's tile K-major; False feeds x's (T, in) tile to wgmma
       through a transposed shared-memory view instead (no copy; not
       supported by the CPU interpreter).
-    epi_slots: epilogue sub-tile buffers (2 or 3). With 2, the loads of
+    epi_slots: epilogue sub-tile buffers (2 to 4). With 2, the loads of
       sub-tile s+2 wait until the stores of sub-tile s have left shared
       memory; with 3, only until those of s-1 have (one more sub-tile of
       shared memory).
+    epi_ahead: sub-tiles whose loads are in flight while one is computed
+      (1 to epi_slots; the loads of sub-tile s+epi_ahead start when s's
+      compute does, once the stores of sub-tile s+epi_ahead-epi_slots
+      have left its slot).
     compute_wgs: 1: one warpgroup per CTA computes a (block_m, block_n) tile
       and then its epilogue (one CTA per tile). 2: warp-specialized and
       persistent: ``num_ctas`` CTAs loop over tiles of (block_m,
@@ -158,6 +169,13 @@ class MosaicConfig:
       (running ahead into the next tile while the two compute warpgroups,
       one per half, run their epilogues), and each compute warpgroup loads
       the epilogue's first sub-tiles before its token loop.
+    ping_pong: with compute_wgs=2: the two compute warpgroups take
+      different (block_m, block_n) tiles, one after the other through one
+      shared ring of token stages, so that one's token loop (tensor cores)
+      runs while the other applies the rule to its previous tile (HBM):
+      CUTLASS's ping-pong schedule (``_kernel_pp``). False: they split a
+      (block_m, 2·block_n) tile and run the token loop and the epilogue at
+      the same time ("cooperative").
     num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
       device's multiprocessor count.
   """
@@ -172,19 +190,22 @@ class MosaicConfig:
   early_epilogue: bool = False
   transpose_x: bool = True
   epi_slots: int = 2
+  epi_ahead: int = 2
   compute_wgs: int = 1
+  ping_pong: bool = False
   num_ctas: int | None = None
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_t", "max_concurrent_steps",
-                 "epi_m", "epi_n", "group_m", "epi_slots", "compute_wgs"):
+                 "epi_m", "epi_n", "group_m", "epi_slots", "epi_ahead",
+                 "compute_wgs"):
       v = getattr(self, name)
       if not isinstance(v, int) or isinstance(v, bool):
         raise ValueError(f"MosaicConfig.{name}={v!r} must be an int")
     if self.num_ctas is not None and (not isinstance(self.num_ctas, int)
                                       or isinstance(self.num_ctas, bool)):
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas!r} must be an int or None")
-    for name in ("early_epilogue", "transpose_x"):
+    for name in ("early_epilogue", "transpose_x", "ping_pong"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"MosaicConfig.{name}={getattr(self, name)!r} must be a bool")
     if self.block_m not in (64, 128):
@@ -196,10 +217,16 @@ class MosaicConfig:
       raise ValueError(f"MosaicConfig.block_t={self.block_t} must be 64 or 128")
     if self.compute_wgs not in (1, 2):
       raise ValueError(f"MosaicConfig.compute_wgs={self.compute_wgs} must be 1 or 2")
+    if self.ping_pong and self.compute_wgs != 2:
+      raise ValueError("MosaicConfig.ping_pong=True needs compute_wgs=2 (its "
+                       f"two compute warpgroups); got compute_wgs={self.compute_wgs}")
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
-    if self.epi_slots not in (2, 3):
-      raise ValueError(f"MosaicConfig.epi_slots={self.epi_slots} must be 2 or 3")
+    if self.epi_slots not in (2, 3, 4):
+      raise ValueError(f"MosaicConfig.epi_slots={self.epi_slots} must be 2, 3 or 4")
+    if not 1 <= self.epi_ahead <= self.epi_slots:
+      raise ValueError(f"MosaicConfig.epi_ahead={self.epi_ahead} must be in "
+                       f"[1, epi_slots={self.epi_slots}]")
     if self.max_concurrent_steps < 1 or self.group_m < 1:
       raise ValueError("MosaicConfig.max_concurrent_steps and group_m must be >= 1")
     if (self.epi_m % 64 or self.block_m % self.epi_m
@@ -214,39 +241,71 @@ class MosaicConfig:
   def default(cls, t: int, d_in: int, d_out: int,
               interpret: bool = False,
               int8_states: bool = False,
-              warp_specialized: bool = True) -> "MosaicConfig":
-    """A configuration for this shape, from the H200 measurements below.
+              warp_specialized: bool = True,
+              narrow: bool = False,
+              stochastic_rounding: bool = False) -> "MosaicConfig":
+    """A configuration for this shape, from the H200 measurements below
+    (``probe_mosaic``, 4096→14336, AdamW; ``docs/results.md``, stops 16 and
+    23).
 
-    fp32/bf16 states: 128×128×64 tiles with 3 stages, halved along an axis
-    that 128 does not divide (the shapes must still divide by 64); x read
-    through a transposed shared-memory view below T=2048 and transposed by
-    XLA from there on (4096→14336, AdamW fp32: 0.418 against 0.610 ms at
-    T=512, 0.681 against 0.635 at T=2048, equal at 8192).
+    ``narrow``: W and every state are 2-byte (bf16); ``stochastic_rounding``:
+    W is written with stochastic rounding. ``int8_states``: the states are
+    int8. ``warp_specialized=False`` (and ``interpret``, whose
+    CPU interpreter has neither transposed views nor a reliable
+    warp-specialized run) keeps to the one-warpgroup tiles.
 
-    int8 states (``int8_states``): 64×128 tiles with 4 stages (64×64 where
-    128 does not divide out), or from T=8192 on, where in and out divide by
-    128 and ``warp_specialized``, the warp-specialized 128×(2·64) layout with
-    3 stages. Measured only at 4096→14336, AdamW, fp32 W (``probe_mosaic``,
-    ``experiments/results/h200_2026-12-01e``): 0.470 ms at T=512 against
-    1.293 for 128×128 (an explanation not checked with a profiler: the
-    decode and encode do not fit in registers beside a 128×128
-    accumulator), 2.057 against 2.191 ms at T=8192; T=2048 and 4096 and
-    the T=8192 threshold were not compared, and at T=8192 14336→4096 the
-    Mosaic op was 6% slower than Triton (bf16 W).
+    Ping-pong (``compute_wgs=2, ping_pong=True``), where in and out divide by
+    its tile:
 
-    ``interpret`` always transposes x and never warp-specializes (the CPU
-    interpreter has neither transposed views nor a reliable
-    warp-specialized run)."""
+    * bf16 W and states: 128×128 tiles, 4 stages and 64×64 epilogue
+      sub-tiles at T=2048 (rounded to nearest: 0.506 against 0.626 ms for
+      the one-warpgroup tile), 5 stages and 64×32 sub-tiles from T=8192 on
+      (1.406 against 1.556 ms). With W rounded stochastically only from
+      T=8192 on (1.432 against 1.571 ms in an earlier run; at T=512, 0.460
+      against 0.321, and at T=2048, 0.565 against 0.552). Below T=2048 the
+      one-warpgroup tile (rounded to nearest: 0.276 against 0.286 ms at
+      T=512, within the spread);
+    * int8 states: 64×128 tiles, 5 stages (fp32 W: 0.469 / 0.735 / 1.983
+      ms at T=512 / 2048 / 8192 against 0.509 / 0.715 / 2.204 for the
+      one-warpgroup 64×128 tile in the same run; bf16 W with stochastic
+      rounding: 0.513 / 0.638 / 1.938 ms, against 0.489 / 0.884 / 1.999
+      in stop 16's run);
+    * fp32 W and states from T=8192 on: 128×128 tiles, 5 stages, 64×16
+      sub-tiles (1.516 against 1.620 ms).
+
+    One warpgroup per tile otherwise: fp32 W and states below T=8192,
+    128×128×64 tiles with 3 stages, halved along an axis that 128 does not
+    divide, x read through a transposed shared-memory view below T=2048 and
+    transposed by XLA from there on (0.418 against 0.610 ms at T=512, 0.681
+    against 0.635 at T=2048, equal at 8192); int8 states, 64×128 tiles with
+    4 stages (64×64 where 128 does not divide out; 0.470 ms at T=512
+    against 1.293 for 128×128: the decode and encode do not fit in
+    registers beside a 128×128 accumulator, presumably)."""
+    pp = warp_specialized and not interpret
     if int8_states:
-      if (warp_specialized and not interpret and t >= 8192
-          and d_in % 128 == 0 and d_out % 128 == 0):
-        return cls(block_m=128, block_n=64, max_concurrent_steps=3,
-                   compute_wgs=2)
+      if pp and d_in % 64 == 0 and d_out % 128 == 0:
+        return cls(block_m=64, block_n=128, max_concurrent_steps=5,
+                   compute_wgs=2, ping_pong=True)
       return cls(block_m=64, block_n=128 if d_out % 128 == 0 else 64,
                  max_concurrent_steps=4)
+    if pp and d_in % 128 == 0 and d_out % 128 == 0:
+      if narrow and t >= 8192:
+        return cls(max_concurrent_steps=5, epi_n=32, compute_wgs=2,
+                   ping_pong=True)
+      if narrow and t >= 2048 and not stochastic_rounding:
+        return cls(max_concurrent_steps=4, compute_wgs=2, ping_pong=True)
+      if not narrow and t >= 8192:
+        return cls(max_concurrent_steps=5, epi_n=16, compute_wgs=2,
+                   ping_pong=True)
     return cls(block_m=128 if d_in % 128 == 0 else 64,
                block_n=128 if d_out % 128 == 0 else 64,
                transpose_x=interpret or t >= 2048)
+
+
+def cta_block_n(config: MosaicConfig) -> int:
+  """Columns of W one CTA's token loop covers at a time: 2·block_n for the
+  cooperative warp-specialized layout, else block_n."""
+  return config.block_n * (config.compute_wgs if not config.ping_pong else 1)
 
 
 SMEM_BYTES = 227 * 1024
@@ -265,7 +324,7 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
   allocates fewer stages when T has fewer token steps than
   ``max_concurrent_steps``."""
   op = jnp.dtype(operand_dtype).itemsize
-  cta_n = config.block_n * config.compute_wgs
+  cta_n = cta_block_n(config)
   stages = config.max_concurrent_steps * config.block_t * (
       config.block_m + cta_n) * op
   w_dtype, *state_dtypes = array_dtypes
@@ -275,17 +334,22 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
                                          for d in state_dtypes)
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
+  slack = SMEM_SLACK if num_scale_arrays else SMEM_SLACK_TILES
   if config.early_epilogue or config.compute_wgs == 2:
-    return stages + epilogue + SMEM_SLACK
-  return max(stages, epilogue) + SMEM_SLACK
+    return stages + epilogue + slack
+  return max(stages, epilogue) + slack
 
 
 SMEM_SLACK = 4096
 """Bytes :func:`smem_bytes` adds to its buffer count for barriers and
-alignment: lowered on jax 0.11.2, Mosaic GPU allocated 72–160 bytes more
-than the buffers with fp32/bf16 states and up to 2,272 more with int8 states
-(warp-specialized), where the count alone had let a tile 1,248 bytes over a
-CTA's limit through to a lowering error."""
+alignment where int8 states' scale rows are among the buffers: lowered on
+jax 0.11.2, Mosaic GPU allocated up to 2,272 bytes more than the buffers
+there (warp-specialized), where the count alone had let a tile 1,248 bytes
+over a CTA's limit through to a lowering error."""
+SMEM_SLACK_TILES = 1024
+"""The same without scale rows (every buffer a whole number of swizzled
+tiles): Mosaic GPU allocated 72–160 bytes more than the buffers with
+fp32/bf16 states (jax 0.11.2)."""
 
 
 MIN_FOLD_BLOCK = 8
@@ -347,11 +411,11 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
             "with update_rows")
   t, d_in = x.shape
   d_out = dy.shape[1]
-  cta_n = config.block_n * config.compute_wgs
+  cta_n = cta_block_n(config)
   if t % config.block_t or d_in % config.block_m or d_out % cta_n:
+    what = "block_n" if cta_n == config.block_n else "block_n·compute_wgs"
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
-            f"block_m, block_n·compute_wgs = {config.block_t}, "
-            f"{config.block_m}, {cta_n}")
+            f"block_m, {what} = {config.block_t}, {config.block_m}, {cta_n}")
   tiles = [w.dtype] + [jnp.float32 if fold > 1 else  # see _FOLDED_DTYPE
                        quantization.state_storage_dtype(s) for s in state]
   need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=num_scale_arrays,
@@ -606,9 +670,6 @@ def _smem_transforms(minor: int, dtype):
   return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
-# Sub-tile s+_AHEAD is loaded while s is computed; its slot held sub-tile
-# s+_AHEAD-slots, whose stores must have left shared memory first.
-_AHEAD = 2
 
 
 def _index_tiles(split: _SplitRule, shape, origin):
@@ -661,7 +722,7 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
               layout: _Layout):
   """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
 
-  The first ``_AHEAD`` sub-tiles must already be loading; ``slot_ref(buf,
+  The first ``config.epi_ahead`` sub-tiles must already be loading; ``slot_ref(buf,
   slot)`` is this warpgroup's buffer of a slot, ``barrier(a, s)`` the
   barrier of array ``a`` for sub-tile ``s``, ``load_sub(s)`` starts its loads and
   ``origin(s)`` is the (row, col) in W of its first element. An int8
@@ -674,7 +735,10 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   tiles = layout.tile_arrays
   sqrt = _missing_lowerings().get(lax.sqrt_p, jnp.sqrt)
   fold_rows = en // layout.fold_block if layout.fold_block > 1 else 0
-  pending_ok = config.epi_slots - _AHEAD  # store groups that may stay in flight
+  # Sub-tile s+ahead is loaded while s is computed; its slot held sub-tile
+  # s+ahead-slots, whose stores must have left shared memory first.
+  ahead = config.epi_ahead
+  pending_ok = config.epi_slots - ahead  # store groups that may stay in flight
   for s, (i, j) in enumerate(subs):
     slot = s % config.epi_slots
     for a in range(n_arr):
@@ -718,9 +782,9 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
       plgpu.copy_smem_to_gmem(
           here(a), _sub_window(out_refs[a], (row0, col0), config, layout, a),
           commit_group=a == tiles[-1])
-    if s + _AHEAD < len(subs):
+    if s + ahead < len(subs):
       plgpu.wait_smem_to_gmem(pending_ok, wait_read_only=True)
-      load_sub(s + _AHEAD)
+      load_sub(s + ahead)
 
 
 def _sub_window(ref, origin, config: MosaicConfig, layout: _Layout, a: int):
@@ -818,7 +882,7 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
     return pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
 
   def epilogue(acc, bufs, barriers, loaded: int):
-    for s in range(loaded, min(_AHEAD, len(subs))):
+    for s in range(loaded, min(config.epi_ahead, len(subs))):
       load_sub(bufs, barriers, s)
     _epilogue(acc, subs=subs, config=config, split=split, scalar_ref=scalar_ref,
               bufs=bufs, out_refs=out_refs,
@@ -834,9 +898,9 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
   if config.early_epilogue:
     def scope(bufs, barriers):
-      for s in range(min(_AHEAD, len(subs))):
+      for s in range(min(config.epi_ahead, len(subs))):
         load_sub(bufs, barriers, s)
-      epilogue(matmul(), bufs, barriers, loaded=_AHEAD)
+      epilogue(matmul(), bufs, barriers, loaded=config.epi_ahead)
     pl.run_scoped(scope, **scratch)
   else:
     acc = matmul()
@@ -902,7 +966,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
           plgpu.copy_gmem_to_smem(src, buf.at[wg, s % slots], barrier(a, s))
 
       def context(eval_pipeline):
-        for s in range(min(_AHEAD, len(subs))):
+        for s in range(min(config.epi_ahead, len(subs))):
           load_sub(s)  # the epilogue's first sub-tiles arrive during the matmul
 
         def acc_scope(acc_ref):
@@ -933,6 +997,148 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
       collective_axes="wg")
   plgpu.wait_smem_to_gmem(0)
+
+
+def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
+               layout: _Layout, in_place: bool):
+  """compute_wgs=2 with ping_pong: persistent, warp-specialized, ping-pong.
+
+  Each CTA walks its share of the (block_m, block_n) tiles (tiles c, c + G,
+  c + 2G, ... of the grouped order, G CTAs). A memory warpgroup streams the
+  x and dY blocks of those tiles, one tile after the other, through one ring
+  of ``max_concurrent_steps`` shared-memory stages; compute warpgroup 0 takes
+  the CTA's even tiles, 1 its odd ones. Because the ring is shared and
+  filled in tile order, one warpgroup's token loop runs while the other
+  applies the rule to its previous tile: the tensor cores and the epilogue's
+  HBM traffic overlap (CUTLASS's "ping-pong" schedule). Each stage's arrival
+  is signalled on a barrier of the warpgroup that consumes it (so each
+  warpgroup waits only on its own barriers, whose phases it tracks), and the
+  consumer alone releases it."""
+  n_arr = len(layout.is_scale)
+  in_refs, out_refs = _io_refs(refs, n_arr, in_place)
+  t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
+  d_out = dy_ref.shape[1]
+  bm, bn, bt = config.block_m, config.block_n, config.block_t
+  em, en = config.epi_m, config.epi_n
+  num_m, num_n = d_in // bm, d_out // bn
+  num_tiles, steps = num_m * num_n, t // bt
+  depth = config.max_concurrent_steps
+  subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
+  slots = config.epi_slots
+  x_block = (bm, bt) if config.transpose_x else (bt, bm)
+
+  def scope(x_smem, dy_smem, produced, consumed, bufs, barriers):
+    wg = lax.axis_index("wg")
+    cta = lax.axis_index("cta")
+    ctas = lax.axis_size("cta")
+    local = (num_tiles - cta + ctas - 1) // ctas  # this CTA's tiles
+
+    def tile(j):  # (row, column) of this CTA's j-th tile
+      return tiling.grouped_tile(cta + j * ctas, num_m, num_n, config.group_m)
+
+    @pl.when(wg == 2)
+    def _memory():
+      plgpu.set_max_registers(_MEMORY_REGISTERS, action="decrease")
+
+      def tile_loads(j, carry):
+        m_i, n_i = tile(j)
+
+        def step(k, carry):
+          g = j * steps + k
+          slot = lax.rem(g, depth)
+
+          @pl.when(g >= depth)
+          def _():
+            plgpu.barrier_wait(consumed.at[slot])
+          bar = produced.at[lax.rem(j, 2) * depth + slot]
+          src = (x_ref.at[pl.ds(m_i * bm, bm), pl.ds(k * bt, bt)]
+                 if config.transpose_x else
+                 x_ref.at[pl.ds(k * bt, bt), pl.ds(m_i * bm, bm)])
+          plgpu.copy_gmem_to_smem(src, x_smem.at[slot], bar)
+          plgpu.copy_gmem_to_smem(
+              dy_ref.at[pl.ds(k * bt, bt), pl.ds(n_i * bn, bn)],
+              dy_smem.at[slot], bar)
+          return carry
+        return lax.fori_loop(0, steps, step, carry)
+      lax.fori_loop(0, local, tile_loads, None)
+
+      # Every release waited for before the CTA's shared memory goes.
+      total = local * steps
+      def drain(g, carry):
+        plgpu.barrier_wait(consumed.at[lax.rem(g, depth)])
+        return carry
+      lax.fori_loop(jnp.maximum(total - depth, 0), total, drain, None)
+
+    @pl.when(wg < 2)
+    def _compute():
+      plgpu.set_max_registers(_COMPUTE_REGISTERS, action="increase")
+
+      def barrier(a, s):
+        return barriers.at[(wg * n_arr + a) * slots + s % slots]
+
+      def tile_body(i, carry):
+        j = 2 * i + wg
+        m_i, n_i = tile(j)
+
+        def origin(s):
+          return m_i * bm + subs[s][0] * em, n_i * bn + subs[s][1] * en
+
+        def load_sub(s):
+          for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
+            src = _sub_window(ref, origin(s), config, layout, a)
+            plgpu.copy_gmem_to_smem(src, buf.at[wg, s % slots], barrier(a, s))
+
+        for s in range(min(config.epi_ahead, len(subs))):
+          load_sub(s)  # the epilogue's first sub-tiles arrive during the matmul
+
+        def acc_scope(acc_ref):
+          def step(k, carry):
+            g = j * steps + k
+            slot = lax.rem(g, depth)
+            plgpu.barrier_wait(produced.at[wg * depth + slot])
+            a = (x_smem.at[slot] if config.transpose_x
+                 else plgpu.transpose_ref(x_smem.at[slot], (1, 0)))
+            plgpu.wgmma(acc_ref, a, dy_smem.at[slot])
+            plgpu.wgmma_wait(1)  # the previous step's wgmma is done: release it
+
+            @pl.when(k > 0)
+            def _():
+              plgpu.barrier_arrive(consumed.at[lax.rem(g - 1, depth)])
+            return carry
+          lax.fori_loop(0, steps, step, None)
+          plgpu.wgmma_wait(0)
+          plgpu.barrier_arrive(consumed.at[lax.rem(j * steps + steps - 1, depth)])
+          return acc_ref[...]
+        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
+        _epilogue(acc, subs=subs, config=config, split=split,
+                  scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
+                  slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
+                  load_sub=load_sub, origin=origin, layout=layout)
+        # The next tile's first loads reuse these buffers.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        return carry
+      lax.fori_loop(0, (local - wg + 1) // 2, tile_body, None)
+      plgpu.wait_smem_to_gmem(0)
+
+  pl.run_scoped(
+      scope,
+      x_smem=plgpu.SMEM((depth, *x_block), x_ref.dtype,
+                        transforms=_smem_transforms(x_block[1], x_ref.dtype)),
+      dy_smem=plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
+                         transforms=_smem_transforms(bn, dy_ref.dtype)),
+      produced=plgpu.Barrier(num_arrivals=2, num_barriers=2 * depth),
+      consumed=plgpu.Barrier(num_barriers=depth),
+      bufs=_epilogue_buffers(in_refs, layout, config, lead=(2,)),
+      barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
+      collective_axes="wg")
+
+
+_MEMORY_REGISTERS = 40
+"""Registers per thread of the ping-pong kernel's memory warpgroup (as
+``emit_pipeline_warp_specialized`` is used with); its two compute
+warpgroups share the rest of the 64K-register file."""
+_COMPUTE_REGISTERS = 232
+"""(512 - 40) / 2, rounded down to a multiple of 8."""
 
 
 def num_sms() -> int:
@@ -1011,6 +1217,13 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     body = functools.partial(_kernel, config=config, split=split,
                              layout=layout, grid_axis="tile")
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
+  elif config.ping_pong:
+    # At least two tiles per CTA, one per compute warpgroup, where there are.
+    ctas = config.num_ctas or num_sms()
+    body = functools.partial(_kernel_pp, config=config, split=split,
+                             layout=layout)
+    mesh = dict(grid=(max(1, min(ctas, num_tiles // 2)),), grid_names=("cta",),
+                num_threads=3, thread_name="wg")
   else:
     # num_tiles // 2 CTA tiles of (block_m, 2·block_n), shared out by nd_loop.
     ctas = config.num_ctas or (2 if interpret else num_sms())
