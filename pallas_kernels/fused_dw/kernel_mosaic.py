@@ -830,18 +830,28 @@ def _io_refs(refs, n_arr: int, in_place: bool):
   return refs[:n_arr], refs[n_arr:2 * n_arr]
 
 
-def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
-            layout: _Layout, grid_axis: str, in_place: bool):
+def _operands(x_ref, dy_ref, refs, config: MosaicConfig, layout: _Layout,
+              in_place: bool):
+  """What every layout starts from: (number of W/state arrays, their input
+  and output refs, T, in, out, the epilogue's (row, col) sub-tile indices
+  in a (block_m, block_n) tile)."""
   n_arr = len(layout.is_scale)
   in_refs, out_refs = _io_refs(refs, n_arr, in_place)
   t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
-  d_out = dy_ref.shape[1]
+  subs = [(i, j) for i in range(config.block_m // config.epi_m)
+          for j in range(config.block_n // config.epi_n)]
+  return n_arr, in_refs, out_refs, t, d_in, dy_ref.shape[1], subs
+
+
+def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
+            layout: _Layout, grid_axis: str, in_place: bool):
+  n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
+      x_ref, dy_ref, refs, config, layout, in_place)
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
 
   m_i, n_i = tiling.grouped_tile(lax.axis_index(grid_axis), d_in // bm,
                                  d_out // bn, config.group_m)
-  subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
   slots = config.epi_slots
 
   def origin(s):
@@ -911,15 +921,12 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
                layout: _Layout, in_place: bool):
   """compute_wgs=2: persistent, warp-specialized (see MosaicConfig)."""
-  n_arr = len(layout.is_scale)
-  in_refs, out_refs = _io_refs(refs, n_arr, in_place)
-  t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
-  d_out = dy_ref.shape[1]
+  n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
+      x_ref, dy_ref, refs, config, layout, in_place)
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
   cta_n = 2 * bn
   num_m, num_n = d_in // bm, d_out // cta_n
-  subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
   slots = config.epi_slots
 
   x_spec = (plgpu.BlockSpec((bm, bt), lambda k: (0, k),
@@ -1014,16 +1021,13 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   is signalled on a barrier of the warpgroup that consumes it (so each
   warpgroup waits only on its own barriers, whose phases it tracks), and the
   consumer alone releases it."""
-  n_arr = len(layout.is_scale)
-  in_refs, out_refs = _io_refs(refs, n_arr, in_place)
-  t, d_in = x_ref.shape[::-1] if config.transpose_x else x_ref.shape
-  d_out = dy_ref.shape[1]
+  n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
+      x_ref, dy_ref, refs, config, layout, in_place)
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
   num_m, num_n = d_in // bm, d_out // bn
   num_tiles, steps = num_m * num_n, t // bt
   depth = config.max_concurrent_steps
-  subs = [(i, j) for i in range(bm // em) for j in range(bn // en)]
   slots = config.epi_slots
   x_block = (bm, bt) if config.transpose_x else (bt, bm)
 
