@@ -83,7 +83,8 @@ def main(argv=None):
                  help="T:inxout, several separated by ','")
   p.add_argument("--modes", default="fp32",
                  help="fp32 and/or bf16 (W and states), int8 (fp32 W, int8 "
-                 "states)")
+                 "states); bf16-sr, int8-sr: bf16 W written with stochastic "
+                 "rounding, bf16 / int8 states")
   p.add_argument("--configs", default=",".join(CONFIGS),
                  help="comma-separated names: m<block_m>n<block_n>t<block_t>"
                  "s<stages>, x3 = 3 epilogue slots, e<N> = epilogue sub-tile "
@@ -110,15 +111,18 @@ def main(argv=None):
              jax.random.normal(jax.random.fold_in(key, 2 * i + 1), (t, d_out),
                                jnp.bfloat16)) for i in range(3)]
     for mode in a.modes.split(","):
-      if mode not in ("fp32", "bf16", "int8"):
-        raise SystemExit(f"--modes: {mode!r} is not fp32, bf16 or int8")
-      dtype = jnp.bfloat16 if mode == "bf16" else jnp.float32
-      w = jax.random.normal(jax.random.fold_in(key, 9), (d_in, d_out), dtype)
+      if mode not in ("fp32", "bf16", "int8", "bf16-sr", "int8-sr"):
+        raise SystemExit(f"--modes: {mode!r} is not fp32, bf16, int8, "
+                         "bf16-sr or int8-sr")
+      dtype = jnp.bfloat16 if mode.startswith("bf16") else jnp.float32
+      sr = dict(seed=jnp.uint32(12345)) if mode.endswith("-sr") else {}
+      w = jax.random.normal(jax.random.fold_in(key, 9), (d_in, d_out),
+                            jnp.bfloat16 if sr else dtype)
       mu = (1e-2 * jax.random.normal(jax.random.fold_in(key, 10), (d_in, d_out))
             ).astype(dtype)
       nu = ((1e-2 * jax.random.normal(jax.random.fold_in(key, 11), (d_in, d_out)))
             ** 2).astype(dtype)
-      if mode == "int8":
+      if mode.startswith("int8"):
         mu, nu = quantization.quantize(mu, False), quantization.quantize(nu, True)
       like = (mu, nu)
 
@@ -127,11 +131,13 @@ def main(argv=None):
           *flat, hp_ = flat
           w_, st = _unflat(flat, like)
           if impl == "xla":
-            nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=ADAMW)
+            nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=ADAMW,
+                                               **sr)
           else:
             nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=ADAMW,
                                      implementation=impl, config=cfg,
-                                     interpret=a.interpret, in_place=True)
+                                     interpret=a.interpret, in_place=True,
+                                     **sr)
           return tuple(_flat(nw, ns))
         n = len(_flat(w, like))
         return jax.jit(step, donate_argnums=tuple(range(2, 2 + n)))
@@ -157,8 +163,9 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001 -- reported, the sweep goes on
           print(f"T={t} {d_in}x{d_out} {mode} {name}: ERROR {type(e).__name__}: "
                 f"{str(e)[:300]}", flush=True)
-      size = jnp.dtype(dtype).itemsize
-      states = 2 * (1 + 4 / quantization.BLOCK_SIZE) if mode == "int8" else 2 * size
+      size = jnp.dtype(w.dtype).itemsize
+      states = (2 * (1 + 4 / quantization.BLOCK_SIZE) if mode.startswith("int8")
+                else 2 * jnp.dtype(dtype).itemsize)
       moved = 2 * t * (d_in + d_out) + 2 * d_in * d_out * (size + states)
       floor = max(2 * t * d_in * d_out / 790e12, moved / 4.3e12)
       lines.append(f"## T={t} {d_in}x{d_out} {mode} floor (H200) {floor * 1e3:.3f} ms | "

@@ -137,23 +137,36 @@ def test_auto_picks_mosaic_only_where_it_covers_the_op(rng, monkeypatch):
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), **hopper) == "mosaic"
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3),
                        compute_capability="8.0") == "triton"
-  # fp32 W beside an fp32 and an int8 state at T=8192: the ping-pong int8
-  # default overflows shared memory, the one-warpgroup tile is taken.
-  xl, dyl, wl, sl = _op(rng, 8192, 256, 256)
-  mixed = (sl[0], quantization.quantize(sl[1], True))
+  # At T=8192 and Llama-3.1-8B's MLP shape (abstract shapes: only the
+  # configuration is chosen): int8 states take the ping-pong tile, but fp32
+  # W beside an fp32 and an int8 state overflows its shared memory and the
+  # one-warpgroup tile is taken; fp32 W and states take ping-pong; folded
+  # moments keep the one-warpgroup tile (ping-pong was not measured with them).
+  sds = jax.ShapeDtypeStruct
+  xl, dyl = sds((8192, 4096), jnp.bfloat16), sds((8192, 14336), jnp.bfloat16)
+  wl = sds((4096, 14336), jnp.float32)
+  ql = tuple(jax.eval_shape(lambda n=n: quantization.quantize(
+      jnp.zeros((4096, 14336)), n)) for n in (False, True))
+  mixed = (wl, ql[1])
   cfg = api.mosaic_default_config(xl, dyl, wl, mixed, ADAMW, None)
   assert (cfg.compute_wgs, cfg.block_m) == (1, 64)
   assert api.mosaic_default_config(
-      xl, dyl, wl.astype(jnp.bfloat16),
-      tuple(quantization.quantize(s, n) for s, n in zip(sl, (False, True))),
-      ADAMW, None).compute_wgs == 2
-  assert select_kernel(xl, dyl, wl, mixed, ADAMW, None, **hopper) == "mosaic"
-  # fp32 W and states at T=8192: ping-pong; folded moments there keep the
-  # one-warpgroup tile (ping-pong was not measured with them).
-  assert api.mosaic_default_config(xl, dyl, wl, sl, ADAMW, None).ping_pong
+      xl, dyl, sds(wl.shape, jnp.bfloat16), ql, ADAMW, None).ping_pong
+  assert api.mosaic_default_config(xl, dyl, wl, (wl, wl), ADAMW, None).ping_pong
   fold3 = FoldAdamRule(3)
-  f3 = tuple(jnp.zeros(fold3.state_shape(wl.shape)) for _ in fold3.state_names)
+  f3 = tuple(sds(fold3.state_shape(wl.shape), jnp.float32) for _ in fold3.state_names)
   assert api.mosaic_default_config(xl, dyl, wl, f3, fold3, None).compute_wgs == 1
+  # bf16 W and states: ping-pong from T=2048 on, whether W is rounded
+  # stochastically or not.
+  wb_l = sds(wl.shape, jnp.bfloat16)
+  for t, want in ((512, False), (2048, True)):
+    for seed in (None, jnp.uint32(3)):
+      assert api.mosaic_default_config(
+          sds((t, 4096), jnp.bfloat16), sds((t, 14336), jnp.bfloat16), wb_l,
+          (wb_l, wb_l), ADAMW, seed).ping_pong == want
+  xs, dys, ws, ss = _op(rng, 8192, 256, 256)
+  ms = (ss[0], quantization.quantize(ss[1], True))
+  assert select_kernel(xs, dys, ws, ms, ADAMW, None, **hopper) == "mosaic"
   assert select_kernel(x, dy, wb, q, ADAMW, jnp.uint32(3), config=MosaicConfig(),
                        compute_capability="8.0") == "mosaic"
   fold = FoldAdamRule(2)

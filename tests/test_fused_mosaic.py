@@ -78,12 +78,20 @@ def test_every_rule_matches_reference(rng, rule, interpret):
                  epi_ahead=1, epi_n=32),
 ], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue", "slots4-ahead3",
         "slots3-ahead1"])
-def test_tiles_and_epilogue_pipelines(rng, config, interpret):
+def test_tiles_and_epilogue_pipelines(rng, monkeypatch, config, interpret):
   # Several tiles in the grid (in 256 / block_m × out 256 / block_n), several
-  # token steps, several epilogue sub-tiles per tile.
+  # token steps, several epilogue sub-tiles per tile. In interpret mode with
+  # the interpreter's race detection on: a slot's loads must not start while
+  # its stores may still read it.
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # pylint: disable=g-import-not-at-top
+  base = kernel_mosaic.interpret_params
+  monkeypatch.setattr(kernel_mosaic, "interpret_params", lambda: dataclasses.replace(
+      base(), detect_races=True))
   args = _inputs(rng, rules.ADAMW, 256, 256, 256)
   want = fused_dw_update_reference(*args, rule=rules.ADAMW)
   _check(_run(args, rules.ADAMW, config, interpret), want, 2e-6)
+  if interpret:
+    assert not gpu_callbacks.get_races().races_found
 
 
 @pytest.mark.parametrize("interpret", INTERPRET)
@@ -199,6 +207,8 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
     (dict(compute_wgs=3), "compute_wgs"), (dict(num_ctas=0), "num_ctas"),
     (dict(ping_pong=True), "ping_pong=True needs compute_wgs=2"),
     (dict(ping_pong=1, compute_wgs=2), "ping_pong=1 must be a bool"),
+    (dict(ping_pong=True, compute_wgs=2, max_concurrent_steps=1),
+     "max_concurrent_steps >= 2"),
 ])
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -212,25 +222,27 @@ def test_default_config_fits_64_multiples(rng):
   assert MosaicConfig.default(512, 4096, 14336, interpret=True).transpose_x
   cfg = MosaicConfig.default(64, 192, 64)
   assert (cfg.block_m, cfg.block_n) == (64, 64)
-  # Ping-pong where it measured faster: fp32 from T=8192 on; bf16 W and
-  # states from T=2048 on (from 8192 on with stochastic rounding); int8
-  # states at every T; never in interpret mode or where the tile does not
-  # divide.
+  # Ping-pong where it measured faster (fp32 and int8 states from T=8192 on,
+  # bf16 W and states from T=2048 on) and there are two tiles per
+  # multiprocessor; never in interpret mode or where the tile does not divide.
   pp = lambda c: (c.compute_wgs, c.ping_pong)  # noqa: E731
-  assert pp(MosaicConfig.default(8192, 4096, 14336)) == (2, True)
-  assert pp(MosaicConfig.default(2048, 4096, 14336, narrow=True)) == (2, True)
-  for t, want in ((512, 1), (2048, 1), (8192, 2)):
-    assert MosaicConfig.default(t, 4096, 14336, narrow=True,
-                                stochastic_rounding=True).compute_wgs == want
-  assert MosaicConfig.default(512, 4096, 14336, narrow=True).compute_wgs == 1
-  for t in (512, 2048, 8192):
+  for t, fp32, bf16, int8 in ((512, 1, 1, 1), (2048, 1, 2, 1), (8192, 2, 2, 2)):
+    assert MosaicConfig.default(t, 4096, 14336).compute_wgs == fp32
+    assert MosaicConfig.default(t, 4096, 14336, narrow=True).compute_wgs == bf16
     q = MosaicConfig.default(t, 4096, 14336, int8_states=True)
-    assert (q.block_m, q.block_n, q.epi_n, *pp(q)) == (64, 128, 64, 2, True)
+    assert (q.block_m, q.block_n, q.epi_n, q.compute_wgs) == (64, 128, 64, int8)
     for kw in (dict(interpret=True), dict(warp_specialized=False)):
-      assert MosaicConfig.default(t, 4096, 14336, narrow=True, **kw).compute_wgs == 1
+      for narrow in (False, True):
+        assert MosaicConfig.default(t, 4096, 14336, narrow=narrow,
+                                    **kw).compute_wgs == 1
       q = MosaicConfig.default(t, 4096, 14336, int8_states=True, **kw)
       assert (q.block_m, q.block_n, q.compute_wgs) == (64, 128, 1)
+  assert pp(MosaicConfig.default(8192, 4096, 14336)) == (2, True)
   assert MosaicConfig.default(8192, 4096, 14400, narrow=True).compute_wgs == 1
+  # 2 · 132 tiles of 128×128 at least: 4096×1024 (Llama-3.1-8B's k and v
+  # projections) has 256, 4096×1152 has 288.
+  assert MosaicConfig.default(8192, 4096, 1024, narrow=True).compute_wgs == 1
+  assert MosaicConfig.default(8192, 4096, 1152, narrow=True).compute_wgs == 2
   assert MosaicConfig.default(512, 4096, 192, int8_states=True).block_n == 64
   args = _inputs(rng, rules.ADAMW, 64, 192, 64)
   got = jax.jit(lambda *a: fused_dw_update(
@@ -305,7 +317,7 @@ PP_CONFIGS = [
     # 3 stages, so a tile's steps start at a different stage each time.
     MosaicConfig(block_m=64, block_n=64, block_t=64, max_concurrent_steps=3,
                  epi_n=32, compute_wgs=2, ping_pong=True, num_ctas=3),
-    # 2 CTAs over 8 tiles of (128, 128), x through a transposed view, 8
+    # 2 CTAs over 8 tiles of (128, 128), x through a transposed view, 16
     # epilogue sub-tiles per tile, 3 of them loading at a time, 4 stages.
     MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=4,
                  epi_n=16, epi_slots=3, epi_ahead=3, compute_wgs=2,
@@ -317,7 +329,7 @@ PP_SHAPES = [(128, 128, 320), (256, 256, 512)]  # (T, in, out) per config
 @pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
                     "CPU test below checks the lowering)")
 @pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-16-subtiles"])
 @pytest.mark.parametrize("rule,state_dtype", [
     (rules.LION, jnp.float32), (rules.ADAMW, jnp.float32),
     (rules.ADAMW, jnp.bfloat16)], ids=["lion-fp32", "adamw-fp32", "adamw-bf16"])
@@ -332,7 +344,7 @@ def test_ping_pong_kernel(rng, rule, state_dtype, which, in_place):
 
 @pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
                     "CPU test below checks the lowering)")
-@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-16-subtiles"])
 def test_ping_pong_int8_states_and_stochastic_rounding(rng, which):
   config = dataclasses.replace(PP_CONFIGS[which], epi_n=64, epi_slots=2,
                                epi_ahead=2)  # int8: 64-column sub-tiles
@@ -348,7 +360,7 @@ def test_ping_pong_int8_states_and_stochastic_rounding(rng, which):
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-16-subtiles"])
 def test_ping_pong_kernel_lowers_for_cuda(rng, which, in_place):
   args = _inputs(rng, rules.ADAMW, *PP_SHAPES[which])
   fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
@@ -391,6 +403,62 @@ def test_ping_pong_tiles_and_refusals(rng):
     fused_dw_update(*_inputs(rng, rules.ADAMW, 128, 128, 320),
                     rule=rules.ADAMW, implementation="mosaic", config=pp,
                     interpret=True)
+
+
+@pytest.mark.parametrize("ping_pong", [False, True])
+def test_barriers_beyond_one_allocation_are_refused(rng, monkeypatch, ping_pong):
+  # Two compute warpgroups × 4 epilogue slots × 5 arrays (W, two int8 codes,
+  # two scale rows) = 40 barriers: Mosaic GPU initializes at most 32 at once.
+  # Refused before lowering; without the refusal the lowering fails.
+  config = MosaicConfig(block_m=64, block_n=128, max_concurrent_steps=2,
+                        epi_slots=4, epi_ahead=3, compute_wgs=2,
+                        ping_pong=ping_pong, num_ctas=2)
+  args = _inputs(rng, rules.ADAMW, 512, 256, 512, w_dtype=jnp.bfloat16)
+  args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
+  reason = kernel_mosaic.unsupported_reason(*args[:4], rules.ADAMW, None, config)
+  assert reason and "40 barriers" in reason
+  assert kernel_mosaic.unsupported_reason(
+      *args[:4], rules.ADAMW, None,
+      dataclasses.replace(config, epi_slots=3)) is None
+  monkeypatch.setattr(kernel_mosaic, "MAX_BARRIERS", 64)
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rules.ADAMW, config=config, interpret=False))
+  with pytest.raises(Exception, match="32 barriers"):
+    fn.trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def test_folded_moments_keep_the_larger_shared_memory_slack(monkeypatch):
+  # With folded moments and two compute warpgroups Mosaic GPU adds reduction
+  # scratch: this tile's buffers count 231,424 bytes, and it needs 233,760
+  # (jax 0.11.2); the estimate refuses it. With the 1 KiB slack of plain
+  # tiles it would pass, and the lowering would fail.
+  from forge_jax._src.fold import FoldAdamRule  # pylint: disable=g-import-not-at-top
+  rule = FoldAdamRule(5)
+  sds = jax.ShapeDtypeStruct
+  t, d_in, d_out = 1024, 256, 512
+  x, dy = sds((t, d_in), jnp.bfloat16), sds((t, d_out), jnp.bfloat16)
+  w = sds((d_in, d_out), jnp.float32)
+  st = tuple(sds(rule.state_shape(w.shape), jnp.float32) for _ in rule.state_names)
+  config = MosaicConfig(block_m=64, block_n=128, max_concurrent_steps=8,
+                        epi_n=32, compute_wgs=2, ping_pong=True)
+  arrays = [jnp.float32] * 3
+  folded = lambda: kernel_mosaic.smem_bytes(config, arrays, fold_block=32)  # noqa: E731
+  assert folded() > kernel_mosaic.SMEM_BYTES
+  lowers = kernel_mosaic._lowers(jax.lax.concatenate_p)
+  if lowers:  # jax 0.10's Mosaic GPU cannot lower the folded epilogue at all
+    reason = kernel_mosaic.unsupported_reason(x, dy, w, st, rule, None, config)
+    assert reason and "shared memory" in reason
+  monkeypatch.setattr(kernel_mosaic, "SMEM_SLACK", kernel_mosaic.SMEM_SLACK_TILES)
+  assert folded() <= kernel_mosaic.SMEM_BYTES
+  if not lowers:
+    return
+  assert kernel_mosaic.unsupported_reason(x, dy, w, st, rule, None, config) is None
+  hp = jax.eval_shape(lambda: rule.pack(
+      {n: 0.1 for n in rule.hyperparam_names}, 1))
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rule, config=config, interpret=False))
+  with pytest.raises(Exception, match="shared memory"):
+    fn.trace(x, dy, w, st, hp).lower(lowering_platforms=("cuda",))
 
 
 @pytest.mark.parametrize("config", [MosaicConfig(), WS_CONFIGS[1]],

@@ -147,8 +147,7 @@ def _output_tiles(w) -> int:
 def mosaic_default_config(x, dy, w, state, rule, seed,
                           interpret: bool = False) -> MosaicConfig:
   """``MosaicConfig.default`` for this op (its ``narrow`` and
-  ``int8_states`` from W's and the states' dtypes, ``stochastic_rounding``
-  from ``seed``); the one-warpgroup tile
+  ``int8_states`` from W's and the states' dtypes); the one-warpgroup tile
   for folded moments (the ping-pong layout was not measured with them) and
   where the warp-specialized default does not fit (e.g. fp32 W beside an
   fp32 and an int8 state overflow its shared memory)."""
@@ -157,7 +156,6 @@ def mosaic_default_config(x, dy, w, state, rule, seed,
   kw = dict(interpret=interpret, int8_states=int8,
             narrow=not int8 and all(jnp.dtype(a.dtype).itemsize == 2
                                     for a in (w, *state)),
-            stochastic_rounding=seed is not None,
             warp_specialized=not kernel_mosaic.is_folded(rule))
   config = MosaicConfig.default(x.shape[0], *w.shape, **kw)
   if config.compute_wgs == 2 and kernel_mosaic.unsupported_reason(

@@ -220,6 +220,11 @@ class MosaicConfig:
     if self.ping_pong and self.compute_wgs != 2:
       raise ValueError("MosaicConfig.ping_pong=True needs compute_wgs=2 (its "
                        f"two compute warpgroups); got compute_wgs={self.compute_wgs}")
+    if self.ping_pong and self.max_concurrent_steps < 2:
+      # A warpgroup releases stage g-1 once stage g has arrived: one stage
+      # would wait for itself.
+      raise ValueError("MosaicConfig.ping_pong=True needs max_concurrent_steps "
+                       f">= 2; got {self.max_concurrent_steps}")
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
     if self.epi_slots not in (2, 3, 4):
@@ -242,34 +247,30 @@ class MosaicConfig:
               interpret: bool = False,
               int8_states: bool = False,
               warp_specialized: bool = True,
-              narrow: bool = False,
-              stochastic_rounding: bool = False) -> "MosaicConfig":
+              narrow: bool = False) -> "MosaicConfig":
     """A configuration for this shape, from the H200 measurements below
-    (``probe_mosaic``, 4096→14336, AdamW; ``docs/results.md``, stops 16 and
-    23).
+    (``probe_mosaic``, 4096→14336, AdamW, each comparison from one run;
+    ``docs/results.md``, stops 16 and 23).
 
-    ``narrow``: W and every state are 2-byte (bf16); ``stochastic_rounding``:
-    W is written with stochastic rounding. ``int8_states``: the states are
-    int8. ``warp_specialized=False`` (and ``interpret``, whose
+    ``narrow``: W and every state are 2-byte (bf16). ``int8_states``: the
+    states are int8. ``warp_specialized=False`` (and ``interpret``, whose
     CPU interpreter has neither transposed views nor a reliable
     warp-specialized run) keeps to the one-warpgroup tiles.
 
-    Ping-pong (``compute_wgs=2, ping_pong=True``), where in and out divide by
-    its tile:
+    Ping-pong (``compute_wgs=2, ping_pong=True``) where it measured faster,
+    in and out divide by its tile and there are at least two tiles per
+    multiprocessor (its persistent CTAs run their tiles' token loops one
+    at a time, so with fewer tiles it would leave multiprocessors idle):
 
-    * bf16 W and states: 128×128 tiles, 4 stages and 64×64 epilogue
-      sub-tiles at T=2048 (rounded to nearest: 0.506 against 0.626 ms for
-      the one-warpgroup tile), 5 stages and 64×32 sub-tiles from T=8192 on
-      (1.406 against 1.556 ms). With W rounded stochastically only from
-      T=8192 on (1.432 against 1.571 ms in an earlier run; at T=512, 0.460
-      against 0.321, and at T=2048, 0.565 against 0.552). Below T=2048 the
-      one-warpgroup tile (rounded to nearest: 0.276 against 0.286 ms at
-      T=512, within the spread);
-    * int8 states: 64×128 tiles, 5 stages (fp32 W: 0.469 / 0.735 / 1.983
-      ms at T=512 / 2048 / 8192 against 0.509 / 0.715 / 2.204 for the
-      one-warpgroup 64×128 tile in the same run; bf16 W with stochastic
-      rounding: 0.513 / 0.638 / 1.938 ms, against 0.489 / 0.884 / 1.999
-      in stop 16's run);
+    * bf16 W and states from T=2048 on: 128×128 tiles, 4 stages and 64×64
+      epilogue sub-tiles below T=8192 (T=2048: 0.506 against 0.626 ms for
+      the one-warpgroup tile with W rounded to nearest, 0.579 against 0.703
+      with stochastic rounding), 5 stages and 64×32 sub-tiles from T=8192
+      on (1.406 against 1.556 ms, nearest);
+    * int8 states from T=8192 on: 64×128 tiles, 5 stages (fp32 W: 1.983
+      against 2.204 ms). Not below: at T=512 with bf16 W rounded
+      stochastically it took 0.808 against 0.495 ms, and at T=2048 with
+      fp32 W 0.735 against 0.715;
     * fp32 W and states from T=8192 on: 128×128 tiles, 5 stages, 64×16
       sub-tiles (1.516 against 1.620 ms).
 
@@ -280,19 +281,25 @@ class MosaicConfig:
     against 0.635 at T=2048, equal at 8192); int8 states, 64×128 tiles with
     4 stages (64×64 where 128 does not divide out; 0.470 ms at T=512
     against 1.293 for 128×128: the decode and encode do not fit in
-    registers beside a 128×128 accumulator, presumably)."""
+    registers beside a 128×128 accumulator, presumably); bf16 below T=2048
+    (at T=512 the ping-pong tile took 0.276 against 0.286 ms, nearest, and
+    0.460 against 0.321 with stochastic rounding in another run)."""
     pp = warp_specialized and not interpret
+
+    def enough(bm, bn):
+      return (pp and d_in % bm == 0 and d_out % bn == 0
+              and (d_in // bm) * (d_out // bn) >= 2 * num_sms())
     if int8_states:
-      if pp and d_in % 64 == 0 and d_out % 128 == 0:
+      if t >= 8192 and enough(64, 128):
         return cls(block_m=64, block_n=128, max_concurrent_steps=5,
                    compute_wgs=2, ping_pong=True)
       return cls(block_m=64, block_n=128 if d_out % 128 == 0 else 64,
                  max_concurrent_steps=4)
-    if pp and d_in % 128 == 0 and d_out % 128 == 0:
+    if enough(128, 128):
       if narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=32, compute_wgs=2,
                    ping_pong=True)
-      if narrow and t >= 2048 and not stochastic_rounding:
+      if narrow and t >= 2048:
         return cls(max_concurrent_steps=4, compute_wgs=2, ping_pong=True)
       if not narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=16, compute_wgs=2,
@@ -334,22 +341,25 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
                                          for d in state_dtypes)
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
-  slack = SMEM_SLACK if num_scale_arrays else SMEM_SLACK_TILES
+  slack = SMEM_SLACK if num_scale_arrays or fold_block > 1 else SMEM_SLACK_TILES
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue + slack
   return max(stages, epilogue) + slack
 
 
 SMEM_SLACK = 4096
-"""Bytes :func:`smem_bytes` adds to its buffer count for barriers and
-alignment where int8 states' scale rows are among the buffers: lowered on
-jax 0.11.2, Mosaic GPU allocated up to 2,272 bytes more than the buffers
-there (warp-specialized), where the count alone had let a tile 1,248 bytes
-over a CTA's limit through to a lowering error."""
+"""Bytes :func:`smem_bytes` adds to its buffer count for barriers, alignment
+and scratch where int8 states' scale rows are among the buffers or the
+moments are folded: lowered on jax 0.11.2, Mosaic GPU allocated up to 2,272
+bytes more than the buffers with int8 states (warp-specialized; the count
+alone had let a tile 1,248 bytes over a CTA's limit through to a lowering
+error) and 2,240–2,384 more with folded moments and two compute
+warpgroups (2,048 of them reduction scratch)."""
 SMEM_SLACK_TILES = 1024
-"""The same without scale rows (every buffer a whole number of swizzled
-tiles): Mosaic GPU allocated 72–160 bytes more than the buffers with
-fp32/bf16 states (jax 0.11.2)."""
+"""The same for fp32/bf16 states: Mosaic GPU allocated 72–288 bytes more
+than the buffers (jax 0.11.2; the most with the ping-pong layout)."""
+MAX_BARRIERS = 32
+"""Barriers Mosaic GPU initializes per allocation (jax 0.10–0.11)."""
 
 
 MIN_FOLD_BLOCK = 8
@@ -416,6 +426,16 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     what = "block_n" if cta_n == config.block_n else "block_n·compute_wgs"
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
             f"block_m, {what} = {config.block_t}, {config.block_m}, {cta_n}")
+  n_arr = 1 + len(state) + num_scale_arrays
+  barriers = config.compute_wgs * config.epi_slots * n_arr
+  if barriers > MAX_BARRIERS:
+    return (f"the epilogue needs {barriers} barriers in one allocation "
+            f"(compute warpgroups × epi_slots × arrays = {config.compute_wgs} "
+            f"× {config.epi_slots} × {n_arr}), more than the {MAX_BARRIERS} "
+            "Mosaic GPU allocates at once (fewer epi_slots)")
+  if config.ping_pong and 2 * config.max_concurrent_steps > MAX_BARRIERS:
+    return (f"max_concurrent_steps={config.max_concurrent_steps}: the "
+            f"ping-pong ring needs 2 barriers per stage, at most {MAX_BARRIERS}")
   tiles = [w.dtype] + [jnp.float32 if fold > 1 else  # see _FOLDED_DTYPE
                        quantization.state_storage_dtype(s) for s in state]
   need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=num_scale_arrays,
