@@ -344,6 +344,19 @@ def test_ping_pong_kernel(rng, rule, state_dtype, which, in_place):
 
 @pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
                     "CPU test below checks the lowering)")
+@pytest.mark.parametrize("rule", [rules.NADAMW, rules.RADAM, rules.RMSPROP,
+                                  rules.ADAGRAD, rules.SGD, rules.SGD_MOMENTUM,
+                                  rules.SGD_NESTEROV], ids=lambda r: r.name)
+def test_ping_pong_every_rule(rng, rule):
+  # The defaults take ping-pong for bf16 W and states whatever the rule; SGD
+  # has no state at all (one array in the epilogue).
+  args = _inputs(rng, rule, *PP_SHAPES[0])
+  want = fused_dw_update_reference(*args, rule=rule)
+  _check(_run(args, rule, PP_CONFIGS[0], False), want, 2e-6)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
+                    "CPU test below checks the lowering)")
 @pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-16-subtiles"])
 def test_ping_pong_int8_states_and_stochastic_rounding(rng, which):
   config = dataclasses.replace(PP_CONFIGS[which], epi_n=64, epi_slots=2,
