@@ -143,7 +143,8 @@ class MosaicConfig:
       wgmma accumulator).
     block_n: columns of a W tile (the ``out`` axis): a multiple of 64, ≤ 256.
     block_t: tokens per pipeline step: 64 or 128.
-    max_concurrent_steps: depth of the TMA pipeline over tokens.
+    max_concurrent_steps: depth of the TMA pipeline over tokens (at least 2
+      with ping_pong).
     epi_m, epi_n: epilogue sub-tile (divides block_m, block_n; epi_m a
       multiple of 64).
     group_m: tile rows per L2 group of the 1-D grid ordering.
@@ -232,8 +233,9 @@ class MosaicConfig:
     if not 1 <= self.epi_ahead <= self.epi_slots:
       raise ValueError(f"MosaicConfig.epi_ahead={self.epi_ahead} must be in "
                        f"[1, epi_slots={self.epi_slots}]")
-    if self.max_concurrent_steps < 1 or self.group_m < 1:
-      raise ValueError("MosaicConfig.max_concurrent_steps and group_m must be >= 1")
+    for name in ("max_concurrent_steps", "group_m"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"MosaicConfig.{name}={getattr(self, name)} must be >= 1")
     if (self.epi_m % 64 or self.block_m % self.epi_m
         or self.epi_n % 16 or self.block_n % self.epi_n):
       raise ValueError(
@@ -269,8 +271,9 @@ class MosaicConfig:
       on (1.406 against 1.556 ms, nearest);
     * int8 states from T=8192 on: 64×128 tiles, 5 stages (fp32 W: 1.983
       against 2.204 ms). Not below: at T=512 with bf16 W rounded
-      stochastically it took 0.808 against 0.495 ms, and at T=2048 with
-      fp32 W 0.735 against 0.715;
+      stochastically it took 0.808 against 0.495 ms (with fp32 W, 0.469
+      against 0.509 in one run and, with 4 stages, 0.488 against 0.473 in
+      another), and at T=2048 with fp32 W 0.735 against 0.715;
     * fp32 W and states from T=8192 on: 128×128 tiles, 5 stages, 64×16
       sub-tiles (1.516 against 1.620 ms).
 
@@ -281,9 +284,11 @@ class MosaicConfig:
     against 0.635 at T=2048, equal at 8192); int8 states, 64×128 tiles with
     4 stages (64×64 where 128 does not divide out; 0.470 ms at T=512
     against 1.293 for 128×128: the decode and encode do not fit in
-    registers beside a 128×128 accumulator, presumably); bf16 below T=2048
-    (at T=512 the ping-pong tile took 0.276 against 0.286 ms, nearest, and
-    0.460 against 0.321 with stochastic rounding in another run)."""
+    registers beside a 128×128 accumulator, presumably); bf16 below T=2048:
+    at T=512 the same-run probe (W rounded to nearest) had the two level
+    (ping-pong 0.276 against 0.286 ms), and with stochastic rounding
+    ping-pong took 0.460 ms in one run against the one-warpgroup tile's
+    0.321 in another, so the one-warpgroup tile stays."""
     pp = warp_specialized and not interpret
 
     def enough(bm, bn):
