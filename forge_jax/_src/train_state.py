@@ -14,6 +14,7 @@ from flax import traverse_util
 
 from forge_jax._src import dense as dense_lib
 from pallas_kernels import quantization
+from pallas_kernels.fused_dw import kernel_mosaic
 
 FORGE_STATE = dense_lib.FORGE_STATE
 PROBE = dense_lib.PROBE
@@ -300,12 +301,13 @@ def fused_step(
     loss, aux = out if isinstance(out, tuple) else (out, {})
     return loss, aux
 
+  kernel_mosaic.check_in_place(in_place)
   stacked = _stacked_layers(state.forge_state)
   ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
                                interpret=interpret, seed=state.seed,
                                order_updates=_order_updates(stacked, order_updates),
                                stacked=stacked,
-                               in_place=_check_in_place(in_place))
+                               in_place=in_place)
   with dense_lib.fused_context(ctx):
     if paths:
       _refuse_other_uses_of_fused_kernels(
@@ -340,12 +342,6 @@ def _check_order_updates(order_updates) -> None:
   if order_updates is not None and not isinstance(order_updates, bool):
     raise ValueError(
         f"order_updates={order_updates!r} must be None, True or False")
-
-
-def _check_in_place(in_place) -> bool:
-  if not isinstance(in_place, bool):
-    raise ValueError(f"in_place={in_place!r} must be True or False")
-  return in_place
 
 
 def _stacked_layers(forge_state) -> frozenset[tuple[str, ...]]:

@@ -431,7 +431,7 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     what = "block_n" if cta_n == config.block_n else "block_n·compute_wgs"
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
             f"block_m, {what} = {config.block_t}, {config.block_m}, {cta_n}")
-  n_arr = 1 + len(state) + num_scale_arrays
+  n_arr = len(_layout(state, fold).is_scale)  # W, each state, each scale row
   barriers = config.compute_wgs * config.epi_slots * n_arr
   if barriers > MAX_BARRIERS:
     return (f"the epilogue needs {barriers} barriers in one allocation "
@@ -693,8 +693,6 @@ def _smem_transforms(minor: int, dtype):
   swizzle = plgpu.find_swizzle(minor * jnp.dtype(dtype).itemsize * 8)
   elems = swizzle // jnp.dtype(dtype).itemsize
   return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
-
-
 
 
 def _index_tiles(split: _SplitRule, shape, origin):
@@ -964,7 +962,8 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
   def pipeline(body, context):
     return plgpu.emit_pipeline_warp_specialized(
-        body, grid=(t // bt,), memory_registers=40, in_specs=[x_spec, dy_spec],
+        body, grid=(t // bt,), memory_registers=_MEMORY_REGISTERS,
+        in_specs=[x_spec, dy_spec],
         wg_axis="wg", num_compute_wgs=2,
         max_concurrent_steps=config.max_concurrent_steps,
         compute_context=context)
@@ -1163,11 +1162,12 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
 
 _MEMORY_REGISTERS = 40
-"""Registers per thread of the ping-pong kernel's memory warpgroup (as
-``emit_pipeline_warp_specialized`` is used with); its two compute
-warpgroups share the rest of the 64K-register file."""
-_COMPUTE_REGISTERS = 232
-"""(512 - 40) / 2, rounded down to a multiple of 8."""
+"""Registers per thread of a warp-specialized kernel's memory warpgroup (the
+value ``emit_pipeline_warp_specialized``'s documentation gives for H100)."""
+_COMPUTE_REGISTERS = (512 - _MEMORY_REGISTERS) // 2 // 8 * 8
+"""Per thread of each of the ping-pong kernel's two compute warpgroups: the
+rest of the 64K-register file (512 per thread of one warpgroup), rounded
+down to a multiple of 8 (232)."""
 
 
 def num_sms() -> int:
