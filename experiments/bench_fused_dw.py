@@ -2,8 +2,16 @@
 
 For each linear shape (T tokens, in -> out) and each (optimizer, mode) pair it
 first checks the fused kernel against the reference on the same inputs, then
-times (mean of ``--reps`` runs dispatched back to back after a warm-up,
-inputs rotated over three buffers, W and state donated and fed back):
+times it, inputs rotated over three buffers, W and state donated and fed back.
+``--timing chain`` (the default) times the ops as a training step runs them:
+``--chain`` ops applied one after the other inside one jitted call (an
+``optimization_barrier`` between two, so that XLA neither merges the
+unfused updates nor reuses a repeated dW), calls dispatched back to back
+after a warm-up; the time per op is the median over ``--rounds`` rounds of
+``--reps`` ops. The check then compares the whole chain's result with the
+unfused chain's. ``--timing call`` times one op per jitted call (mean of
+``--reps`` calls dispatched back to back), so a short op also carries the
+host's dispatch of its call (stops 14 to 23 measured this way). The variants:
 
 * ``xla dW``: dW = xᵀ·dY alone (bf16 operands, fp32 result), once per shape;
 * ``unfused``: XLA dW, then the same rule on the whole array, jitted with W
@@ -11,6 +19,10 @@ inputs rotated over three buffers, W and state donated and fed back):
 * ``fused``: the Pallas Triton kernel (default tile configuration);
 * ``mosaic`` (``--mosaic``): the Pallas Mosaic GPU kernel (TMA + wgmma,
   ``mosaic_default_config``), where the case is in its scope (else the reason);
+* ``torch`` (``--torch``, AdamW with fp32 states only): PyTorch's dW then
+  ``torch.optim.AdamW(fused=True)``; with ``--timing chain`` ``--chain``
+  steps captured in one CUDA graph and replayed (eager steps if the capture
+  fails; the JSON says which), else eager steps;
 
 beside the floor max(2·T·in·out / peak FLOP/s, bytes that must move / peak
 bandwidth). The floor uses the H200's nominal peaks (790 TFLOP/s dense bf16,
@@ -44,11 +56,13 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import time
 import traceback
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from experiments import _runs
@@ -77,7 +91,14 @@ MODES = {
 MODEL_SHAPES = ("4096x4096", "4096x1024", "4096x14336", "14336x4096",
                 "5120x5120", "5120x1024", "5120x17408", "17408x5120")
 MAX_REL_ERR = 1e-4
-"""A kernel result further than this from the reference is not timed."""
+"""A kernel result (one op) further than this from the reference is not
+timed."""
+CHAIN_MAX_REL_ERR = 1e-3
+"""The same for the result of a chain of ops (``--timing chain``), against
+the unfused chain's: int8 moments drift apart by a code here and there over
+several steps (2.1e-4 after 9 steps in interpret mode on jax 0.10.2, where
+a square root is x·rsqrt(x)); a kernel that reads a wrong buffer is off by
+about 1."""
 HYPERPARAMS = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
                "threshold": 5.0, "weight_decay": 0.01, "decay": 0.9,
                "momentum": 0.9, "eps_root": 0.0, "scale": 0.25}
@@ -98,6 +119,59 @@ def _time(fn, args_list, reps: int) -> float:
     out = fn(*args_list[i % len(args_list)])  # replaced (after its kernel)
   jax.block_until_ready(out)
   return (time.perf_counter() - t0) / reps
+
+
+def chained(step, chain: int):
+  """jit of ``chain`` applications of ``carry = step(x, dy, *carry, *rest)``
+  (``run(sets, carry, rest)``, carry donated), the i-th on ``sets[i %
+  len(sets)]``. An ``optimization_barrier`` on (x, dy, carry) before each
+  keeps XLA from merging consecutive steps (fusing the elementwise updates
+  of several steps into one pass) and from reusing a repeated set's dW."""
+  def run(sets, carry, rest):
+    carry = tuple(carry)
+    for i in range(chain):
+      x, dy = sets[i % len(sets)]
+      x, dy, carry = lax.optimization_barrier((x, dy, carry))
+      carry = tuple(step(x, dy, *carry, *rest))
+    return carry
+  return jax.jit(run, donate_argnums=1)
+
+
+def _dw_chain(chain: int):
+  """jit of ``chain`` XLA dWs on rotating sets (``run(sets, (), ())``),
+  each behind a barrier with the previous one, all returned (an unused dW
+  would be dropped)."""
+  def run(sets, carry, rest):
+    del carry, rest
+    outs, prev = [], ()
+    for i in range(chain):
+      x, dy = sets[i % len(sets)]
+      x, dy, prev = lax.optimization_barrier((x, dy, prev))
+      prev = weight_grad_reference(x, dy)
+      outs.append(prev)
+    return tuple(outs)
+  return jax.jit(run)
+
+
+def _time_chained(run, sets, carry, rest, reps: int, chain: int,
+                  rounds: int = 3, feed_back: bool = True) -> float:
+  """Median over ``rounds`` of the seconds per op of ``run`` (a
+  :func:`chained` function of ``chain`` ops), each round ceil(reps / chain)
+  calls dispatched back to back (after one warm-up call) and waited for
+  once. ``feed_back``: each call's result is the next call's carry (else
+  the carry stays and the result is dropped when the next one arrives)."""
+  calls = max(1, -(-reps // chain))
+  out = jax.block_until_ready(run(sets, carry, rest))
+  per_op = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      if feed_back:
+        carry = out
+      out = run(sets, carry, rest)
+    jax.block_until_ready(out)
+    per_op.append((time.perf_counter() - t0) / (calls * chain))
+  return float(np.median(per_op))
 
 
 def _time_stateful(fn, sets, carry, rest, reps: int) -> float:
@@ -165,9 +239,16 @@ def _rel_err(got, want) -> float:
   return max(errs)
 
 
-def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int) -> float | None:
+def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int,
+                        chain: int = 0, rounds: int = 3):
   """PyTorch's step: dW = dYᵀ·x (bf16 GEMM, fp32 grad), then
-  ``torch.optim.AdamW(fused=True)`` on an fp32 weight; None without CUDA."""
+  ``torch.optim.AdamW(fused=True)`` on an fp32 weight; inputs rotated over
+  three sets. ``chain`` > 0: ``chain`` steps captured in one CUDA graph
+  (``capturable=True``) and replayed, the median over ``rounds`` of
+  ceil(reps / chain) replays per step (no host time per step, as the JAX
+  chains); if the capture fails, eager steps. ``chain`` = 0: eager steps
+  (the mean of ``reps``). Returns (seconds per step, 'cuda graph' or
+  'eager'), or None without torch or CUDA."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -179,29 +260,69 @@ def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int) -> float | Non
         for _ in range(3)]
   dys = [torch.randn(t, d_out, device="cuda", dtype=torch.bfloat16, generator=gen)
          for _ in range(3)]
-  w = torch.nn.Parameter(torch.randn(d_out, d_in, device="cuda", generator=gen))
-  opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.01, fused=True)
 
-  def step(i):
-    w.grad = (dys[i % 3].t() @ xs[i % 3]).float()
-    opt.step()
+  def setup(capturable):
+    w = torch.nn.Parameter(torch.randn(d_out, d_in, device="cuda", generator=gen))
+    w.grad = torch.zeros_like(w)
+    opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.01, fused=True,
+                            capturable=capturable)
 
-  for i in range(3):
-    step(i)
-  torch.cuda.synchronize()
-  t0 = time.perf_counter()
-  for i in range(reps):
-    step(i)
-  torch.cuda.synchronize()
-  seconds = (time.perf_counter() - t0) / reps
-  del xs, dys, w, opt
-  torch.cuda.empty_cache()
-  return seconds
+    def step(i):  # the grad's fp32 copy is the .float() of the bf16 GEMM
+      w.grad.copy_(dys[i % 3].t() @ xs[i % 3])
+      opt.step()
+    return step
+
+  def eager():
+    step = setup(False)
+    for i in range(3):
+      step(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(reps):
+      step(i)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps, "eager"
+
+  def graphed():
+    step = setup(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+      for i in range(3):
+        step(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+      for i in range(chain):
+        step(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    calls, per_step = max(1, -(-reps // chain)), []
+    for _ in range(rounds):
+      t0 = time.perf_counter()
+      for _ in range(calls):
+        graph.replay()
+      torch.cuda.synchronize()
+      per_step.append((time.perf_counter() - t0) / (calls * chain))
+    return float(np.median(per_step)), "cuda graph"
+
+  try:
+    if chain:
+      try:
+        return graphed()
+      except Exception:  # noqa: BLE001  reported as the timing used
+        traceback.print_exc()
+    return eager()
+  finally:
+    del xs, dys
+    torch.cuda.empty_cache()
 
 
 def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
-               tune=False, mosaic=False):
-  """One (rule, mode, shape): checked, then unfused and fused timed."""
+               tune=False, mosaic=False, chain=0, rounds=3, triton=True):
+  """One (rule, mode, shape): checked, then unfused and fused timed; ``chain``
+  > 0 times :func:`chained` ops (and checks the chain), 0 one op per call.
+  ``triton=False`` leaves the Triton kernel out (no ``fused_s``)."""
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
   seed = jnp.uint32(1234) if sr else None
@@ -224,7 +345,7 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   w, state = fresh()
   like = state
 
-  def make(impl):
+  def make_step(impl):
     def step(x, dy, *flat):
       *flat, hp_ = flat
       w_, st = _unflat(flat, like)
@@ -237,31 +358,66 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
                 else fused_dw_update_reference(x, dy, w_, st, hp_, rule=rule,
                                                seed=seed))
       return tuple(_flat(nw, ns))
-    n = 1 + sum(len(jax.tree.leaves(s)) for s in like)
-    return jax.jit(step, donate_argnums=tuple(range(2, 2 + n)))
+    return step
 
-  unfused, fused = make("xla"), make("triton")
+  n_flat = 1 + sum(len(jax.tree.leaves(s)) for s in like)
+  make = lambda impl: _Variant(make_step(impl), n_flat, sets, reps, chain, rounds)  # noqa: E731
+
+  unfused = make("xla")
   if tune:  # records the fastest tile in the cache; `fused` then uses it
     autotune.autotune(*sets[0], w, state, hp, rule=rule, seed=seed,
                       interpret=interpret, reps=max(5, reps // 3))
   copy = lambda: [jnp.copy(a) for a in _flat(w, state)]  # noqa: E731
-  want = _unflat(unfused(*sets[0], *copy(), hp), like)
-  got = _unflat(fused(*sets[0], *copy(), hp), like)
-  err = _rel_err(_flat(*got), _flat(*want))
-  t_unfused = _time_stateful(unfused, sets, copy(), [hp], reps)
-  t_fused = _time_stateful(fused, sets, copy(), [hp], reps)
+  want = unfused.results(copy, hp)
+  t_unfused = unfused.seconds(copy(), hp)
   extra = {}
+  if triton:
+    fused = make("triton")
+    extra.update(rel_err=fused.error(copy, hp, want),
+                 fused_s=fused.seconds(copy(), hp))
   if mosaic:
-    extra = _mosaic_case(make("mosaic"), sets, copy, hp, want, like, reps)
+    extra.update(_mosaic_case(make("mosaic"), copy, hp, want))
   n = d_in * d_out
   n_state = int(np.prod(rule.state_shape((d_in, d_out))))
   moved = (2 * t * (d_in + d_out) + 2 * _storage_bytes(n, w_dtype)
            + 2 * len(rule.state_names) * _storage_bytes(n_state, state_dtype))
-  return dict(rule=rule.name, mode=mode, rel_err=err, unfused_s=t_unfused,
-              fused_s=t_fused, bytes=moved, **extra)
+  return dict(rule=rule.name, mode=mode, unfused_s=t_unfused, bytes=moved,
+              **extra)
 
 
-def _mosaic_case(mosaic_fn, sets, copy, hp, want, like, reps) -> dict:
+class _Variant:
+  """One implementation's timed function: one op per jitted call (W and
+  state donated; ``chain`` = 0) or ``chain`` ops in one (:func:`chained`)."""
+
+  def __init__(self, step, n_flat, sets, reps, chain, rounds):
+    self.chained = chained(step, chain) if chain else None
+    self.single = (None if chain else
+                   jax.jit(step, donate_argnums=tuple(range(2, 2 + n_flat))))
+    self.sets, self.reps, self.chain, self.rounds = sets, reps, chain, rounds
+
+  def results(self, copy, hp):
+    """The whole chain's result from ``copy()``, or one op's on the first
+    set."""
+    if self.chained:
+      return list(self.chained(self.sets, copy(), [hp]))
+    return list(self.single(*self.sets[0], *copy(), hp))
+
+  def error(self, copy, hp, want):
+    """Relative error against ``want`` (the reference's :meth:`results`)."""
+    return _rel_err(self.results(copy, hp), want)
+
+  @property
+  def max_rel_err(self) -> float:
+    return CHAIN_MAX_REL_ERR if self.chained else MAX_REL_ERR
+
+  def seconds(self, flat, hp):
+    if self.chained:
+      return _time_chained(self.chained, self.sets, flat, [hp], self.reps,
+                           self.chain, self.rounds)
+    return _time_stateful(self.single, self.sets, flat, [hp], self.reps)
+
+
+def _mosaic_case(mosaic, copy, hp, want) -> dict:
   """The Mosaic kernel's columns of one case: its relative error and time,
   or why it has none: outside its scope (the API's refusal, which names
   the reason), a failure to build or run (reported with its type and first
@@ -269,13 +425,13 @@ def _mosaic_case(mosaic_fn, sets, copy, hp, want, like, reps) -> dict:
   result that differs from the reference (reported, not timed)."""
   scope = "implementation='mosaic': "
   try:
-    got = _unflat(mosaic_fn(*sets[0], *copy(), hp), like)
-    err = _rel_err(_flat(*got), _flat(*want))
-    if not err <= MAX_REL_ERR:
+    err = mosaic.error(copy, hp, want)
+    if not err <= mosaic.max_rel_err:
+      what = (f"its chain of {mosaic.chain} differs from the unfused chain"
+              if mosaic.chain else "differs from the reference")
       return dict(mosaic_rel_err=err,
-                  mosaic_error=f"differs from the reference: rel err {err:.1e}")
-    return dict(mosaic_rel_err=err,
-                mosaic_s=_time_stateful(mosaic_fn, sets, copy(), [hp], reps))
+                  mosaic_error=f"{what}: rel err {err:.1e}")
+    return dict(mosaic_rel_err=err, mosaic_s=mosaic.seconds(copy(), hp))
   except ValueError as e:
     if str(e).startswith(scope):
       return dict(mosaic_error=str(e)[len(scope):][:120])
@@ -285,6 +441,18 @@ def _mosaic_case(mosaic_fn, sets, copy, hp, want, like, reps) -> dict:
   traceback.print_exception(failure)
   first = (str(failure).strip().splitlines() or [""])[0]
   return dict(mosaic_error=f"failed: {type(failure).__name__}: {first[:160]}")
+
+
+def sm_clock_mhz() -> int | None:
+  """The first GPU's SM clock now (nvidia-smi), or None where there is none
+  (a clock well under the H200's 1980 MHz boost marks a throttled run)."""
+  try:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, timeout=10, check=True).stdout
+    return int(out.split()[0])
+  except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    return None
 
 
 def _parse_peaks(text: str) -> tuple[float, float]:
@@ -301,45 +469,54 @@ def _parse_peaks(text: str) -> tuple[float, float]:
 def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
   """The markdown table of ``rows``, floors from the given peaks.
 
-  "% of floor" is floor / fused time (100% = at the floor); TFLOP/s and GB/s
-  are the fused kernel's achieved rates (2·T·in·out and the bytes that must
-  move, over its time); "xla dW TFLOP/s" is XLA's dW alone. Rows with a
-  Mosaic kernel time (``--mosaic``) get two more columns.
+  Triton and Mosaic are the two Pallas kernels' times (each checked first;
+  an error or refusal is shown in its place). The columns after them are
+  for the kernel ``implementation='auto'`` runs on the H200 (jax >= 0.11):
+  Mosaic where it was timed, else Triton ("kernel"). "% of floor" is floor
+  / its time (100% = at the floor); TFLOP/s and GB/s are its achieved rates
+  (2·T·in·out and the bytes that must move, over its time); "xla dW TFLOP/s"
+  is XLA's dW alone. "sm MHz" is the SM clock nvidia-smi read after the
+  shape's cases, where it could.
   """
-  mosaic = any("mosaic_s" in r or "mosaic_error" in r for r in rows)
   print(f"\nfloor peaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 "
         f"matmul), {bw_peak / 1e12:.2f} TB/s")
+  timing = rows[0].get("timing", "call") if rows else "call"
+  torch_timing = next((r["torch_timing"] for r in rows
+                       if r.get("torch_timing")), None)
+  how = (f"{rows[0]['chain']} ops chained in one jitted call, median of rounds"
+         if timing == "chain" else "one op per jitted call")
+  print(f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else ""))
   print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
-        "torch AdamW ms | fused ms | fused % of floor | fused vs unfused | "
-        "fused vs torch | TFLOP/s | GB/s | xla dW TFLOP/s | rel err |"
-        + (" mosaic ms | mosaic vs unfused |" if mosaic else ""))
-  print("|---" * (16 + 2 * mosaic) + "|")
+        "torch AdamW ms | Triton ms | Mosaic ms | kernel | % of floor | "
+        "vs unfused | vs torch | TFLOP/s | GB/s | xla dW TFLOP/s | sm MHz |")
+  print("|---" * 18 + "|")
+  ms = lambda v: f"{v * 1e3:.3f}"  # noqa: E731
   for r in rows:
     t, d_in, d_out = r["shape"]
+    head = f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} |"
     if "error" in r:
-      print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | | | | | | | | | | "
-            f"| | {r['error']} |")
+      print(head + " |" * 13 + f" {r['error']} |")
       continue
     floor = max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak)
     torch_s = r["torch_adamw_s"] if (r["rule"], r["mode"]) == ("adamw", "fp32") else None
-    torch_ms = f"{torch_s * 1e3:.3f}" if torch_s else ""
-    vs_torch = f"{torch_s / r['fused_s']:.2f}x" if torch_s else ""
-    print(f"| {t} | {d_in}→{d_out} | {r['rule']} | {r['mode']} | "
-          f"{floor * 1e3:.3f} | {r['xla_dw_s'] * 1e3:.3f} | "
-          f"{r['unfused_s'] * 1e3:.3f} | {torch_ms} | {r['fused_s'] * 1e3:.3f} | "
-          f"{100 * floor / r['fused_s']:.0f}% | "
-          f"{r['unfused_s'] / r['fused_s']:.2f}x | {vs_torch} | "
-          f"{2 * t * d_in * d_out / r['fused_s'] / 1e12:.0f} | "
-          f"{r['bytes'] / r['fused_s'] / 1e9:.0f} | "
-          f"{2 * t * d_in * d_out / r['xla_dw_s'] / 1e12:.0f} | {r['rel_err']:.1e} |"
-          + (_mosaic_cells(r) if mosaic else ""))
-
-
-def _mosaic_cells(r) -> str:
-  if "mosaic_s" in r:
-    return (f" {r['mosaic_s'] * 1e3:.3f} (rel err {r['mosaic_rel_err']:.1e}) | "
-            f"{r['unfused_s'] / r['mosaic_s']:.2f}x |")
-  return f" ({r.get('mosaic_error', 'not run')}) | |"
+    cells = {}
+    for name, key in (("triton", "fused"), ("mosaic", "mosaic")):
+      if r.get(f"{key}_s"):
+        cells[name] = f"{ms(r[f'{key}_s'])} (err {r[f'{key}_rel_err' if key == 'mosaic' else 'rel_err']:.1e})"
+      else:
+        cells[name] = f"({r[f'{key}_error']})" if r.get(f"{key}_error") else ""
+    kernel = "mosaic" if r.get("mosaic_s") else "triton" if r.get("fused_s") else None
+    if kernel:
+      k_s = r["mosaic_s" if kernel == "mosaic" else "fused_s"]
+      summary = (f"{kernel} | {100 * floor / k_s:.0f}% | {r['unfused_s'] / k_s:.2f}x | "
+                 + (f"{torch_s / k_s:.2f}x" if torch_s else "") + " | "
+                 f"{2 * t * d_in * d_out / k_s / 1e12:.0f} | {r['bytes'] / k_s / 1e9:.0f}")
+    else:
+      summary = " | " * 5
+    print(f"{head} {ms(floor)} | {ms(r['xla_dw_s'])} | {ms(r['unfused_s'])} | "
+          f"{ms(torch_s) if torch_s else ''} | {cells['triton']} | {cells['mosaic']} | "
+          f"{summary} | {2 * t * d_in * d_out / r['xla_dw_s'] / 1e12:.0f} | "
+          f"{r.get('sm_clock_mhz') or ''} |")
 
 
 def main(argv=None):
@@ -352,13 +529,26 @@ def main(argv=None):
                  "pallas_kernels/fused_dw/autotune.py)")
   p.add_argument("--mosaic", action="store_true",
                  help="also time the Mosaic GPU kernel (implementation='mosaic')")
+  p.add_argument("--no-triton", dest="triton", action="store_false",
+                 help="leave the Triton kernel out (--autotune tunes it, so "
+                 "not with that)")
   p.add_argument("--torch", action="store_true",
                  help="also time PyTorch dW + torch.optim.AdamW(fused=True)")
   p.add_argument("--rules", default=",".join(RULES),
                  help=f"comma-separated, from {sorted(RULES) + sorted(FOLD_RULES)}")
   p.add_argument("--modes", default=",".join(MODES),
                  help=f"comma-separated, from {list(MODES)}")
-  p.add_argument("--reps", type=int, default=30)
+  p.add_argument("--reps", type=int, default=30,
+                 help="ops timed per round (--timing chain) or calls timed "
+                 "(--timing call)")
+  p.add_argument("--timing", choices=("chain", "call"), default="chain",
+                 help="chain: --chain ops per jitted call, as in a training "
+                 "step (default); call: one op per jitted call")
+  p.add_argument("--chain", type=int, default=3,
+                 help="ops per jitted call with --timing chain")
+  p.add_argument("--rounds", type=int, default=3,
+                 help="rounds of --reps ops (the median is kept) with "
+                 "--timing chain")
   p.add_argument("--peak-size", type=int, default=None,
                  help="n of the n³ bf16 matmul and 16·n² fp32 pass that measure "
                  "the peaks (default 8192; 256 with --interpret)")
@@ -386,6 +576,14 @@ def main(argv=None):
     else:
       raise SystemExit("--table-from: a log has no measured peaks; give --peaks")
     return rows
+  if a.autotune and not a.triton:
+    raise SystemExit("--autotune tunes the Triton kernel: not with --no-triton")
+  if not (a.triton or a.mosaic):
+    raise SystemExit("--no-triton without --mosaic leaves no kernel to time")
+  for name in ("reps", "chain", "rounds"):
+    if getattr(a, name) < 1:
+      raise SystemExit(f"--{name}: must be >= 1, got {getattr(a, name)}")
+  chain = a.chain if a.timing == "chain" else 0
   known = {**RULES, **FOLD_RULES}
   for r in a.rules.split(","):
     if r not in known:
@@ -419,19 +617,28 @@ def main(argv=None):
                                jnp.bfloat16))
             for i in range(3)]
     flops = 2 * t * d_in * d_out
-    t_dw = _time(jax.jit(weight_grad_reference), sets, a.reps)
-    t_torch = torch_adamw_seconds(t, d_in, d_out, a.reps) if a.torch else None
+    if chain:
+      t_dw = _time_chained(_dw_chain(chain), sets, (), (), a.reps, chain,
+                           a.rounds, feed_back=False)
+    else:
+      t_dw = _time(jax.jit(weight_grad_reference), sets, a.reps)
+    torch_run = (torch_adamw_seconds(t, d_in, d_out, a.reps, chain, a.rounds)
+                 if a.torch else None)
+    t_torch, torch_timing = torch_run or (None, None)
     for rule in rules:
       for mode in modes:
         try:
           r = bench_case(rule, mode, t, d_in, d_out, sets, a.reps, rng,
-                         a.interpret, a.autotune, a.mosaic)
+                         a.interpret, a.autotune, a.mosaic, chain, a.rounds,
+                         a.triton)
         except Exception as e:  # reported, not hidden: the table shows it
           r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
                    f"{str(e)[:200]}", bytes=float("nan"))
         floor = max(flops / flops_peak, r["bytes"] / bw_peak)
         rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor,
-                         torch_adamw_s=t_torch, **r))
+                         torch_adamw_s=t_torch, torch_timing=torch_timing,
+                         timing=a.timing, chain=chain,
+                         sm_clock_mhz=sm_clock_mhz(), **r))
         print(json.dumps(rows[-1]), flush=True)
 
   print_table(rows, flops_peak, bw_peak,
@@ -440,7 +647,8 @@ def main(argv=None):
   path = os.path.join(a.out, f"bench_fused_dw_{int(time.time())}.json")
   with open(path, "w") as f:
     json.dump({"peak_flops": measured[0], "peak_bw": measured[1],
-               "floor_peaks": [flops_peak, bw_peak],
+               "floor_peaks": [flops_peak, bw_peak], "timing": a.timing,
+               "chain": chain, "rounds": a.rounds, "reps": a.reps,
                "device": jax.devices()[0].device_kind, "jax": jax.__version__,
                "python": platform.python_version(), "rows": rows}, f, indent=1)
   print(f"wrote {path}")

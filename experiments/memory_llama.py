@@ -56,6 +56,7 @@ import time
 
 from experiments import _runs
 from experiments import peak_report
+from experiments import profile_summary
 
 GiB = 1024**3
 OPTIMIZERS = ("optax", "forge-bf16", "forge-int8", "forge-fold-int8")
@@ -113,10 +114,57 @@ def child_env() -> dict:
   return env
 
 
+def _unrolled_init(model, key, tokens):
+  """``model.init`` of an unrolled Llama, built from its scanned twin.
+
+  Initializing the unrolled 8B model directly took 80-125 s on the H200
+  (against about 10 s scanned), most of it, presumably, compiling a
+  program with 32 copies of the block. This initializes the same model
+  with ``scan_layers=True`` and slices each stacked leaf into the
+  ``layers_{i}`` entries one leaf at a time, freeing each stack once
+  sliced (the device holds at most one stacked leaf twice). The weights
+  are other random draws than the unrolled init's; the result has the
+  unrolled init's tree, shapes and dtypes exactly (checked against
+  ``jax.eval_shape``; if they differ, the unrolled init runs instead)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  want = jax.eval_shape(model.init, key, tokens)
+  cfg = model.config
+  scanned = model.clone(config=dataclasses.replace(cfg, scan_layers=True))
+  stacked = jax.jit(scanned.init)(key, tokens)
+  out = {}
+  for coll, tree in stacked.items():
+    tree = dict(tree)
+    layers = tree.pop("layers", None)
+    out[coll] = tree
+    if layers is None:
+      continue
+    block = layers["block"]
+    paths = jax.tree_util.tree_flatten_with_path(block)[0]
+    treedef = jax.tree.structure(block)
+    per_layer = [[] for _ in range(cfg.n_layers)]
+    for _, leaf in paths:
+      for i in range(cfg.n_layers):
+        per_layer[i].append(leaf[i])
+      leaf.delete()
+    for i in range(cfg.n_layers):
+      tree[f"layers_{i}"] = jax.tree.unflatten(treedef, per_layer[i])
+  del stacked
+  same = (jax.tree.structure(out) == jax.tree.structure(want) and all(
+      (a.shape, a.dtype) == (b.shape, b.dtype)
+      for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want))))
+  if not same:
+    print("unrolled init from the scanned one: tree differs, initializing "
+          "directly", flush=True)
+    del out
+    return jax.jit(model.init)(key, tokens)
+  return out
+
+
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
             logits_dtype: str = "float32", implementation: str = "auto",
-            embedding: str = "fused") -> dict:
+            embedding: str = "fused", profile: bool = False) -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
@@ -183,13 +231,18 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     t_phase = now
     print(f"{PHASE} {name} {phases[name]:.1f}", flush=True)
 
+  init_key = jax.random.key(0)
   init = jax.jit(model.init)
   if mesh is not None:  # straight into the shards: no whole copy on a device
-    shapes = jax.eval_shape(model.init, jax.random.key(0), batch[0])
+    shapes = jax.eval_shape(model.init, init_key, batch[0])
     init = jax.jit(model.init, out_shardings=jax.tree.map(
         lambda s: jax.sharding.NamedSharding(mesh, s),
         llama.tensor_parallel_specs(shapes, "model")))
-  variables = init(jax.random.key(0), batch[0])
+    variables = init(init_key, batch[0])
+  elif not cfg.scan_layers:
+    variables = _unrolled_init(model, init_key, batch[0])
+  else:
+    variables = init(init_key, batch[0])
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
   del variables
   jax.block_until_ready(state)
@@ -240,6 +293,19 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     if not np.isfinite(float(m["loss"])):
       raise FloatingPointError(f"loss {float(m['loss'])} at step {i}")
   median = float(np.median(times[2:] or times))
+  # Peak and loss as of the timed steps (the profiled one comes after).
+  peak, loss = peak_bytes(), float(m["loss"])
+  extra = {}
+  if profile:  # one more step under the profiler: device time by kernel kind
+    trace_dir = tempfile.mkdtemp(prefix="forge_jax_trace_")
+    try:
+      with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        with in_mesh():
+          state, m = step(state, batch)
+        jax.block_until_ready(m["loss"])
+      extra["profile"] = profile_summary.summarize(trace_dir)
+    finally:
+      shutil.rmtree(trace_dir, ignore_errors=True)
   return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
               optimizer=optimizer, layout=layout, tp=tp, attention=attention,
               logits_dtype=logits_dtype,
@@ -247,12 +313,22 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               fused_embedding=embed is not None,
               **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
-              peak_bytes=peak_bytes(), step_s=median,
-              tokens_per_s=tokens / median, loss=float(m["loss"]),
+              peak_bytes=peak, step_s=median,
+              tokens_per_s=tokens / median, loss=loss,
               compile_s=phases["compile"], init_s=phases["init"],
               lower_s=phases["lower"],
               init_peak_bytes=init_peak,
-              device=jax.devices()[0].device_kind, jax=jax.__version__)
+              device=jax.devices()[0].device_kind, jax=jax.__version__,
+              **extra)
+
+
+def print_profiles(rows) -> None:
+  """Each profiled row's device time by kind of kernel (``--profile``)."""
+  for r in rows:
+    if "profile" in r:
+      profile_summary.print_summary(
+          r["profile"], f"{r['optimizer']} {r['layout']} T={r['tokens']}: "
+          f"step {r['step_s'] * 1e3:.1f} ms wall, ")
 
 
 def write_peak_report(dump_dir: str, path: str, top: int = 10) -> dict:
@@ -379,6 +455,10 @@ def main(argv=None):
                  "--xla_dump_to) and write what is live at its memory peak "
                  "(experiments/peak_report) to OUT/peak_<model>_<run>_<i>_<variant>.txt; the "
                  "JSON row gets a 'peak_live' summary")
+  p.add_argument("--profile", action="store_true",
+                 help="run one more step under jax.profiler and add its device "
+                 "time by kind of kernel (experiments/profile_summary) to the "
+                 "row; printed per variant after the table")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
@@ -390,12 +470,14 @@ def main(argv=None):
     rows = [r for path in a.table_from
             for r in _runs.read_json_or_log(path, '{"model"')]
     print_table(rows)
+    print_profiles(rows)
     return rows
   if a.one:
     t, opt, layout = a.one.split(":")
     print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
                                          a.tp, a.attention, a.logits_dtype,
-                                         a.implementation, a.embedding)))
+                                         a.implementation, a.embedding,
+                                         a.profile)))
     return None
   rows = []
   stamp = int(time.time())  # names this run's files
@@ -409,7 +491,7 @@ def main(argv=None):
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
                "--attention", a.attention, "--logits-dtype", a.logits_dtype,
                "--implementation", a.implementation, "--embedding", a.embedding,
-               "--one", f"{t}:{opt}:{layout}"]
+               "--one", f"{t}:{opt}:{layout}"] + (["--profile"] if a.profile else [])
         variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
                        tp=a.tp, attention=a.attention,
                        logits_dtype=a.logits_dtype,
@@ -444,6 +526,7 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
   print_table(rows)
+  print_profiles(rows)
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, f"memory_{a.model}_{stamp}.json")
   with open(path, "w") as f:

@@ -4,7 +4,11 @@ For each shape (T:in x out) and storage mode, times AdamW's unfused step (XLA
 dW, then the update, W and state donated), the Triton kernel (default tile)
 and the Mosaic kernel with each named :class:`MosaicConfig`, each checked
 against the unfused result first, and prints one line per shape with the
-floor (nominal H200 peaks, as ``bench_fused_dw``):
+floor (nominal H200 peaks, as ``bench_fused_dw``). Times are per op of
+``--chain`` ops chained in one jitted call, the median of three rounds,
+each checked as a chain against the unfused chain (``bench_fused_dw
+--timing chain``; ``--chain 0``: one op per jitted call, as up to stop
+23):
 
     python -m experiments.probe_mosaic --shapes 8192:4096x14336 \\
         --configs m128n128t64s3,WS_B_n128s3e16
@@ -22,7 +26,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from experiments.bench_fused_dw import _flat, _rel_err, _time_stateful, _unflat
+from experiments.bench_fused_dw import _Variant
+from experiments.bench_fused_dw import _flat, _unflat
 from forge_jax.rules import ADAMW
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import MosaicConfig
@@ -91,11 +96,16 @@ def main(argv=None):
                  "width, noT = transpose_x=False, WS_* = warp-specialized "
                  "(compute_wgs=2), PP_* = ping-pong; those and noT are "
                  "GPU-only")
-  p.add_argument("--reps", type=int, default=20, help="timed runs per variant")
+  p.add_argument("--reps", type=int, default=20, help="timed ops per variant "
+                 "(per round with --chain)")
+  p.add_argument("--chain", type=int, default=3,
+                 help="ops chained in one jitted call (0: one per call)")
   p.add_argument("--interpret", action="store_true",
                  help="interpret mode on the CPU (correctness only; the floor "
                  "and times are meaningless there)")
   a = p.parse_args(argv)
+  if a.chain < 0 or a.reps < 1:
+    raise SystemExit("--chain must be >= 0 and --reps >= 1")
   names = a.configs.split(",")
   for n in names:
     if n not in CONFIGS:
@@ -126,7 +136,7 @@ def main(argv=None):
         mu, nu = quantization.quantize(mu, False), quantization.quantize(nu, True)
       like = (mu, nu)
 
-      def make(impl, cfg=None):
+      def make_step(impl, cfg=None):
         def step(x, dy, *flat):
           *flat, hp_ = flat
           w_, st = _unflat(flat, like)
@@ -139,25 +149,24 @@ def main(argv=None):
                                      interpret=a.interpret, in_place=True,
                                      **sr)
           return tuple(_flat(nw, ns))
-        n = len(_flat(w, like))
-        return jax.jit(step, donate_argnums=tuple(range(2, 2 + n)))
+        return _Variant(step, len(_flat(w, like)), sets, a.reps, a.chain, 3)
 
       copy = lambda: [jnp.copy(v) for v in _flat(w, like)]  # noqa: E731
-      unfused = make("xla")
-      want = unfused(*sets[0], *copy(), hp)
-      times = {"xla": _time_stateful(unfused, sets, copy(), [hp], a.reps)}
+      unfused = make_step("xla")
+      want = unfused.results(copy, hp)
+      times = {"xla": unfused.seconds(copy(), hp)}
       for name, impl, cfg in [("triton", "triton", None)] + [
           (n, "mosaic", CONFIGS[n]) for n in names]:
         t0 = time.time()
         try:
-          fn = make(impl, cfg)
-          got = jax.block_until_ready(fn(*sets[0], *copy(), hp))
-          err = _rel_err(list(got), list(want))
-          if not err <= 1e-4:  # checked first: a wrong kernel is not timed
+          fn = make_step(impl, cfg)
+          err = fn.error(copy, hp, want)
+          if not err <= fn.max_rel_err:  # checked first: a wrong kernel is not timed
             print(f"T={t} {d_in}x{d_out} {mode} {name}: WRONG, rel err "
-                  f"{err:.1e} against the unfused step", flush=True)
+                  f"{err:.1e} against the unfused step{'s' if a.chain else ''}",
+                  flush=True)
             continue
-          times[name] = _time_stateful(fn, sets, copy(), [hp], a.reps)
+          times[name] = fn.seconds(copy(), hp)
           print(f"T={t} {d_in}x{d_out} {mode} {name}: {times[name] * 1e3:.3f} ms "
                 f"err {err:.1e} (compile+run {time.time() - t0:.1f}s)", flush=True)
         except Exception as e:  # noqa: BLE001 -- reported, the sweep goes on

@@ -3,6 +3,10 @@
 import glob
 import json
 
+import jax
+from jax.experimental import io_callback
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments import bench_fused_dw
@@ -52,7 +56,7 @@ def test_bench_times_the_mosaic_kernel_where_in_scope(tmp_path, capsys):
     assert by_mode[mode]["mosaic_rel_err"] < 1e-5  # checked in the run
     assert by_mode[mode]["mosaic_s"] > 0
   table = capsys.readouterr().out
-  assert "mosaic ms" in table
+  assert "| Mosaic ms | kernel |" in table and "| mosaic |" in table
   # Folded moments: l = 3 in scope (checked, timed); l = 2 out of scope:
   # said why, not timed.
   rows = bench_fused_dw.main([
@@ -120,3 +124,62 @@ def test_mosaic_tile_probe_checks_int8_states_before_timing(capsys):
                        "--configs", "m64n128t64s4", "--interpret"])
   with pytest.raises(SystemExit, match="--configs"):
     probe_mosaic.main(["--configs", "nope", "--interpret"])
+
+
+def test_chained_applies_each_op_in_turn_on_rotating_sets():
+  # chained(step, k) is k applications of step, the i-th on sets[i % n].
+  sets = [(jnp.full((2,), float(i + 1)), jnp.full((3,), 10.0 * (i + 1)))
+          for i in range(3)]
+  step = lambda x, dy, c, scale: (c * scale + x.sum() + dy.sum(),)  # noqa: E731
+  got = bench_fused_dw.chained(step, 5)(sets, [jnp.float32(0.5)],
+                                        [jnp.float32(2.0)])
+  want = jnp.float32(0.5)
+  for i in range(5):
+    x, dy = sets[i % 3]
+    want = want * 2.0 + x.sum() + dy.sum()
+  assert float(got[0]) == float(want)
+
+
+def test_bench_refuses_to_time_a_mosaic_chain_that_differs(tmp_path, capsys,
+                                                           monkeypatch):
+  # A kernel right on its first op but wrong on a later one in the chain
+  # (as one that reads a buffer XLA reused would be) is caught by the
+  # chain's check, and not timed.
+  from pallas_kernels.fused_dw import kernel_mosaic  # pylint: disable=g-import-not-at-top
+  real = kernel_mosaic.fused_dw_update_mosaic
+  runs = []
+
+  def fifth_run():  # counts the op's executions (not its traces)
+    runs.append(1)
+    return np.bool_(len(runs) == 2)
+
+  def wrong_when_chained(x, dy, w, *args, **kwargs):
+    new_w, new_state = real(x, dy, w, *args, **kwargs)
+    wrong = io_callback(fifth_run, jax.ShapeDtypeStruct((), jnp.bool_),
+                        ordered=True)
+    return new_w + jnp.where(wrong, 1.0, 0.0).astype(new_w.dtype), new_state
+
+  monkeypatch.setattr(kernel_mosaic, "fused_dw_update_mosaic", wrong_when_chained)
+  (row,) = bench_fused_dw.main([
+      "--shapes", "64:64x128", "--rules", "adamw", "--modes", "fp32",
+      "--reps", "1", "--peak-size", "128", "--interpret", "--mosaic",
+      "--out", str(tmp_path)])
+  assert row["mosaic_rel_err"] > 1e-2
+  assert row["mosaic_error"].startswith("its chain of 3 differs from the unfused")
+  assert "mosaic_s" not in row
+  assert row["rel_err"] < 1e-5  # Triton's chain, checked the same way
+  capsys.readouterr()
+
+
+def test_bench_without_triton_times_only_the_mosaic_kernel(tmp_path, capsys):
+  (row,) = bench_fused_dw.main([
+      "--shapes", "64:64x128", "--rules", "adamw", "--modes", "fp32",
+      "--reps", "1", "--peak-size", "128", "--interpret", "--mosaic",
+      "--no-triton", "--out", str(tmp_path)])
+  assert row["mosaic_s"] > 0 and row["mosaic_rel_err"] < 1e-5
+  assert "fused_s" not in row and "rel_err" not in row
+  assert "| mosaic |" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="--no-triton without --mosaic"):
+    bench_fused_dw.main(["--no-triton", "--interpret", "--shapes", "64:64x128"])
+  with pytest.raises(SystemExit, match="--autotune tunes the Triton kernel"):
+    bench_fused_dw.main(["--no-triton", "--mosaic", "--autotune", "--interpret"])

@@ -87,3 +87,35 @@ def test_the_embedding_may_stay_unfused():
   assert "ForgeEmbed" in memory_llama._layout_label(dict(row, fused_embedding=True))
   with pytest.raises(ValueError, match="embedding='none'"):
     memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "unrolled", embedding="none")
+
+
+@pytest.mark.parametrize("moments", ["int8", "bfloat16"])
+def test_unrolled_init_from_the_scanned_twin_has_the_unrolled_tree(moments):
+  # memory_llama builds an unrolled model's variables by slicing its scanned
+  # twin's stacks: the same tree, shapes and dtypes as the unrolled init,
+  # layer i holding slice i of every stack (ForgeDense moments included).
+  import functools  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import forge_jax as fj  # pylint: disable=g-import-not-at-top
+  from forge_jax.models import llama  # pylint: disable=g-import-not-at-top
+  cfg = llama.get_config("cpu-tiny", max_seq_len=16, remat=True)
+  kw = dict(mu_dtype=jnp.dtype(moments), nu_dtype=jnp.dtype(moments))
+  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-3, **kw))
+  model = llama.Llama(cfg, dense_cls=dense)
+  key, tokens = jax.random.key(3), jnp.zeros((1, 16), jnp.int32)
+  got = memory_llama._unrolled_init(model, key, tokens)
+  want = jax.eval_shape(model.init, key, tokens)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert (a.shape, a.dtype) == (b.shape, b.dtype)
+  scanned = llama.Llama(dataclasses.replace(cfg, scan_layers=True),
+                        dense_cls=dense).init(key, tokens)
+  for coll in ("params", "forge_state"):
+    for i in range(cfg.n_layers):
+      for a, b in zip(jax.tree.leaves(got[coll][f"layers_{i}"]),
+                      jax.tree.leaves(scanned[coll]["layers"]["block"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b[i]))
+  assert cfg.n_layers >= 2
+  assert got["forge_state"]["layers_1"]  # the fused layers' moments are there

@@ -1,0 +1,139 @@
+"""Where a step's device time goes: JAX profiler trace, summed by kind of kernel.
+
+``jax.profiler.trace(dir, create_perfetto_trace=True)`` writes a Perfetto
+trace (``*.trace.json.gz``) beside its XSpace. This reads that JSON (no
+TensorBoard needed) and sums the durations of the device's events: on a GPU
+the kernels of the ``/device:GPU:N`` processes, elsewhere the XLA ops the
+host's runtime threads ran (events that carry an ``hlo_op``). Each kernel is
+put in a category by its name:
+
+* ``fused dW + update``: the Pallas kernels of ``pallas_kernels.fused_dw``
+  (``forge_fused_dw_<rule>[_mosaic]``);
+* ``matmul``: cuBLAS / cuBLASLt / CUTLASS GEMMs (``gemm``, ``nvjet``,
+  ``xmma``, ``cutlass``, ``cublas`` in the name);
+* ``attention``: cuDNN fused attention (``cudnn``, ``fmha``, ``flash``);
+* ``copy / transpose``: ``copy``, ``transpose``, memcpy and memset;
+* ``XLA fusion``: XLA's own generated kernels (``fusion`` in the name), the
+  elementwise updates of an unfused optimizer among them;
+* ``other``.
+
+Times are sums of kernel durations: kernels that overlapped on two streams
+count twice, and time between kernels is not in them (compare the total
+with the step's wall time).
+
+    python -m experiments.profile_summary /tmp/trace_dir [--top 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+
+CATEGORIES = (
+    ("fused dW + update", re.compile(r"forge_fused_dw")),
+    ("attention", re.compile(r"cudnn|fmha|flash", re.I)),
+    ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|dot", re.I)),
+    ("copy / transpose", re.compile(r"copy|transpose|memcpy|memset", re.I)),
+    ("XLA fusion", re.compile(r"fusion", re.I)),
+)
+
+
+def category(name: str) -> str:
+  """The category of a kernel (or XLA op) name; see the module doc."""
+  for cat, pattern in CATEGORIES:
+    if pattern.search(name):
+      return cat
+  return "other"
+
+
+def find_trace(path: str) -> str:
+  """The newest ``*.trace.json.gz`` under ``path`` (or ``path`` itself).
+
+  Raises:
+    FileNotFoundError: if there is none.
+  """
+  if os.path.isfile(path):
+    return path
+  found = glob.glob(os.path.join(path, "**", "*.trace.json.gz"), recursive=True)
+  if not found:
+    raise FileNotFoundError(
+        f"no *.trace.json.gz under {path!r}: was the trace taken with "
+        "jax.profiler.trace(..., create_perfetto_trace=True)?")
+  return max(found, key=os.path.getmtime)
+
+
+def device_events(events: list) -> list:
+  """The device's complete events: the kernels on the streams of the
+  ``/device:GPU`` processes when the trace has any (not the "XLA Ops" /
+  "XLA Modules" lines derived from them, which would count them twice),
+  else the host events that ran an XLA op."""
+  meta = [e for e in events if e.get("ph") == "M"]
+  gpu = {e["pid"] for e in meta if e.get("name") == "process_name"
+         and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
+  done = [e for e in events if e.get("ph") == "X" and "dur" in e]
+  if not gpu:
+    return [e for e in done if "hlo_op" in e.get("args", {})]
+  streams = {(e["pid"], e.get("tid")) for e in meta
+             if e.get("pid") in gpu and e.get("name") == "thread_name"
+             and str(e.get("args", {}).get("name", "")).startswith("Stream")}
+  return [e for e in done if e.get("pid") in gpu
+          and (not streams or (e["pid"], e.get("tid")) in streams)]
+
+
+def summarize(path: str, top: int = 15) -> dict:
+  """Sums of device time in ms by category and by kernel.
+
+  Returns:
+    ``{"total_ms", "categories": {category: {"ms", "count"}}, "top":
+    [{"name", "category", "ms", "count"}, ...]}`` (the ``top`` kernels by
+    time), from the trace at (or under) ``path``.
+  """
+  with gzip.open(find_trace(path), "rt") as f:
+    data = json.load(f)
+  events = data["traceEvents"] if isinstance(data, dict) else data
+  by_cat = collections.defaultdict(lambda: [0.0, 0])
+  by_name = collections.defaultdict(lambda: [0.0, 0])
+  for e in device_events(events):
+    name = str(e.get("name", ""))
+    ms = float(e["dur"]) / 1e3  # trace durations are in microseconds
+    for table, key in ((by_cat, category(name)), (by_name, name)):
+      table[key][0] += ms
+      table[key][1] += 1
+  kernels = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+  return dict(
+      total_ms=sum(v[0] for v in by_cat.values()),
+      categories={k: dict(ms=v[0], count=v[1])
+                  for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1][0])},
+      top=[dict(name=k, category=category(k), ms=v[0], count=v[1])
+           for k, v in kernels])
+
+
+def print_summary(summary: dict, title: str = "") -> None:
+  print(f"\n{title}device time {summary['total_ms']:.2f} ms (sum of kernel durations)")
+  print("| category | ms | kernels |")
+  print("|---|---|---|")
+  for cat, v in summary["categories"].items():
+    print(f"| {cat} | {v['ms']:.2f} | {v['count']} |")
+  print("\n| kernel | category | ms | count |")
+  print("|---|---|---|---|")
+  for k in summary["top"]:
+    print(f"| {k['name'][:90]} | {k['category']} | {k['ms']:.3f} | {k['count']} |")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("trace", help="a jax.profiler.trace directory or a *.trace.json.gz")
+  p.add_argument("--top", type=int, default=15)
+  a = p.parse_args(argv)
+  summary = summarize(a.trace, a.top)
+  print_summary(summary)
+  return summary
+
+
+if __name__ == "__main__":
+  main()

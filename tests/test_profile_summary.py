@@ -1,0 +1,67 @@
+"""The profile summary sums a trace's device kernels by kind (CPU)."""
+
+import gzip
+import json
+
+import pytest
+
+from experiments import memory_llama
+from experiments import profile_summary
+
+
+def _write_trace(path, events):
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+
+
+def test_gpu_stream_kernels_are_summed_by_category(tmp_path):
+  meta = [
+      {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+      {"ph": "M", "pid": 7, "name": "process_name",
+       "args": {"name": "/device:GPU:0"}},
+      {"ph": "M", "pid": 7, "tid": 3, "name": "thread_name",
+       "args": {"name": "Stream #13(Compute)"}},
+      {"ph": "M", "pid": 7, "tid": 9, "name": "thread_name",
+       "args": {"name": "XLA Ops"}},
+  ]
+  kernels = [("forge_fused_dw_adamw_mosaic", 300.0), ("forge_fused_dw_adamw_mosaic", 100.0),
+             ("sm90_xmma_gemm_bf16bf16_bf16f32", 250.0), ("nvjet_tst_128x256", 50.0),
+             ("cudnn_generated_fort_native_sdpa", 80.0),
+             ("loop_transpose_fusion_2", 20.0), ("loop_multiply_fusion_5", 40.0),
+             ("some_custom_kernel", 5.0)]
+  events = meta + [{"ph": "X", "pid": 7, "tid": 3, "ts": i, "dur": d, "name": n}
+                   for i, (n, d) in enumerate(kernels)]
+  # The derived "XLA Ops" line and host events are not counted.
+  events += [{"ph": "X", "pid": 7, "tid": 9, "ts": 0, "dur": 999.0, "name": "fusion.1"},
+             {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 999.0, "name": "gemm",
+              "args": {"hlo_op": "dot"}}]
+  _write_trace(tmp_path / "x.trace.json.gz", events)
+  s = profile_summary.summarize(str(tmp_path))
+  cats = {k: v["ms"] for k, v in s["categories"].items()}
+  assert cats == pytest.approx({"fused dW + update": 0.4, "matmul": 0.3,
+                                "attention": 0.08, "copy / transpose": 0.02,
+                                "XLA fusion": 0.04, "other": 0.005})
+  assert s["total_ms"] == pytest.approx(0.845)
+  assert s["categories"]["fused dW + update"]["count"] == 2
+  assert s["top"][0] == dict(name="forge_fused_dw_adamw_mosaic",
+                             category="fused dW + update", ms=pytest.approx(0.4),
+                             count=2)
+
+
+def test_missing_trace_is_reported(tmp_path):
+  with pytest.raises(FileNotFoundError, match="create_perfetto_trace=True"):
+    profile_summary.summarize(str(tmp_path))
+
+
+def test_memory_llama_profiles_a_step_on_the_cpu(capsys):
+  # On the CPU the summary counts the XLA ops the runtime ran.
+  row = memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "unrolled", steps=2,
+                             profile=True)
+  prof = row["profile"]
+  assert prof["total_ms"] > 0 and prof["top"]
+  assert abs(sum(v["ms"] for v in prof["categories"].values())
+             - prof["total_ms"]) < 1e-9
+  capsys.readouterr()
+  memory_llama.print_profiles([row])
+  out = capsys.readouterr().out
+  assert "forge-bf16 unrolled T=16: step" in out and "| category | ms |" in out
