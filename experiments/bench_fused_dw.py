@@ -6,10 +6,13 @@ times it, inputs rotated over three buffers, W and state donated and fed back.
 ``--timing chain`` (the default) times the ops as a training step runs them:
 ``--chain`` ops applied one after the other inside one jitted call (an
 ``optimization_barrier`` between two, so that XLA neither merges the
-unfused updates nor reuses a repeated dW), calls dispatched back to back
-after a warm-up; the time per op is the median over ``--rounds`` rounds of
-``--reps`` ops. The check then compares the whole chain's result with the
-unfused chain's. ``--timing call`` times one op per jitted call (mean of
+unfused updates nor reuses a repeated dW; each op has its own
+stochastic-rounding seed, as each training step has), calls dispatched back
+to back after a warm-up; the time per op is the median over ``--rounds``
+rounds of ``--reps`` ops. The check then compares the whole chain's result
+with the unfused chain's, at a learning rate (``CHECK_LEARNING_RATE``) at
+which one stale or dropped update fails it. ``--timing call`` times one op
+per jitted call (mean of
 ``--reps`` calls dispatched back to back), so a short op also carries the
 host's dispatch of its call (stops 14 to 23 measured this way). The variants:
 
@@ -97,8 +100,17 @@ CHAIN_MAX_REL_ERR = 1e-3
 """The same for the result of a chain of ops (``--timing chain``), against
 the unfused chain's: int8 moments drift apart by a code here and there over
 several steps (2.1e-4 after 9 steps in interpret mode on jax 0.10.2, where
-a square root is x·rsqrt(x)); a kernel that reads a wrong buffer is off by
-about 1."""
+a square root is x·rsqrt(x)). The check runs at ``CHECK_LEARNING_RATE``, so
+that an op that reads a stale W or drops one update is off by about 1e-2
+(AdamW, 64×128, interpret mode: 9.6e-3 in fp32; at 1e-2, 4.8e-3 in fp32,
+5.4e-3 with bf16 or int8 states; at the timed 1e-3 it was 4.8e-4 and
+passed)."""
+CHECK_LEARNING_RATE = 2e-2
+"""The learning rate of the correctness check (the timed ops run at
+``HYPERPARAMS``'s 1e-3): an AdamW update then moves W by about 2% of its
+norm, so that one update's worth of error is ten times the chain's
+tolerance (the relative error is over the whole result, W's norm
+included)."""
 HYPERPARAMS = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
                "threshold": 5.0, "weight_decay": 0.01, "decay": 0.9,
                "momentum": 0.9, "eps_root": 0.0, "scale": 0.25}
@@ -121,18 +133,24 @@ def _time(fn, args_list, reps: int) -> float:
   return (time.perf_counter() - t0) / reps
 
 
-def chained(step, chain: int):
-  """jit of ``chain`` applications of ``carry = step(x, dy, *carry, *rest)``
-  (``run(sets, carry, rest)``, carry donated), the i-th on ``sets[i %
-  len(sets)]``. An ``optimization_barrier`` on (x, dy, carry) before each
-  keeps XLA from merging consecutive steps (fusing the elementwise updates
-  of several steps into one pass) and from reusing a repeated set's dW."""
+def chained(step, chain: int, per_op=None):
+  """jit of ``chain`` applications of ``carry = step(x, dy, *carry,
+  *rest_i)`` (``run(sets, carry, rest)``, carry donated), the i-th on
+  ``sets[i % len(sets)]`` with ``rest_i = per_op(rest, i)`` (default
+  ``rest``). An ``optimization_barrier`` on (x, dy, carry, rest) before
+  each op keeps XLA from merging consecutive ops (fusing the elementwise
+  updates of several steps into one pass) and from computing anything
+  twice-used once (a repeated set's dW, or what depends on ``rest`` only,
+  such as stochastic-rounding bits)."""
   def run(sets, carry, rest):
     carry = tuple(carry)
     for i in range(chain):
       x, dy = sets[i % len(sets)]
-      x, dy, carry = lax.optimization_barrier((x, dy, carry))
-      carry = tuple(step(x, dy, *carry, *rest))
+      x, dy, carry, rest_i = lax.optimization_barrier(
+          (x, dy, carry, tuple(rest)))
+      if per_op is not None:
+        rest_i = per_op(rest_i, i)
+      carry = tuple(step(x, dy, *carry, *rest_i))
     return carry
   return jax.jit(run, donate_argnums=1)
 
@@ -161,6 +179,8 @@ def _time_chained(run, sets, carry, rest, reps: int, chain: int,
   once. ``feed_back``: each call's result is the next call's carry (else
   the carry stays and the result is dropped when the next one arrives)."""
   calls = max(1, -(-reps // chain))
+  # A tuple, as the results fed back are: a list would compile again.
+  carry, rest = tuple(carry), tuple(rest)
   out = jax.block_until_ready(run(sets, carry, rest))
   per_op = []
   for _ in range(rounds):
@@ -292,7 +312,8 @@ def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int,
         step(i)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: other threads' CUDA calls (JAX's) do not void the capture.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
       for i in range(chain):
         step(i)
     graph.replay()
@@ -325,7 +346,12 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   ``triton=False`` leaves the Triton kernel out (no ``fused_s``)."""
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
-  seed = jnp.uint32(1234) if sr else None
+  hp_check = rule.pack({n: dict(HYPERPARAMS, learning_rate=CHECK_LEARNING_RATE)[n]
+                        for n in rule.hyperparam_names}, 7)
+  # The stochastic-rounding seed is an argument (a chain gives each op its
+  # own, as training gives each step), after the hyperparameters.
+  seeds = [jnp.uint32(1234)] if sr else []
+  rest, rest_check = [hp, *seeds], [hp_check, *seeds]
 
   key = jax.random.key(int(rng.integers(2**31)))
 
@@ -345,12 +371,17 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   w, state = fresh()
   like = state
 
+  n_flat = 1 + sum(len(jax.tree.leaves(s)) for s in like)
+
   def make_step(impl):
-    def step(x, dy, *flat):
-      *flat, hp_ = flat
+    def step(x, dy, *args):
+      flat, (hp_, *seed_) = args[:n_flat], args[n_flat:]
+      seed = seed_[0] if seed_ else None
       w_, st = _unflat(flat, like)
-      # in_place: the op's result replaces its donated arguments (one op
-      # per jitted call, nothing sliced), the case ForgeDense runs in place.
+      # in_place: the op's result replaces its donated arguments (whole
+      # arrays, nothing sliced: one op per jitted call, or ops chained
+      # through barriers, which the chain's check covers), as ForgeDense
+      # runs an unstacked layer.
       nw, ns = (fused_dw_update(x, dy, w_, st, hp_, rule=rule, seed=seed,
                                 implementation=impl, interpret=interpret,
                                 in_place=True)
@@ -360,23 +391,27 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
       return tuple(_flat(nw, ns))
     return step
 
-  n_flat = 1 + sum(len(jax.tree.leaves(s)) for s in like)
-  make = lambda impl: _Variant(make_step(impl), n_flat, sets, reps, chain, rounds)  # noqa: E731
+  def per_op(rest_i, i):  # op i of a chain: its own rounding seed
+    return (rest_i[0], rest_i[1] + jnp.uint32(i)) if sr else rest_i
+
+  make = lambda impl: _Variant(make_step(impl), n_flat, sets, reps, chain,  # noqa: E731
+                               rounds, per_op)
 
   unfused = make("xla")
   if tune:  # records the fastest tile in the cache; `fused` then uses it
-    autotune.autotune(*sets[0], w, state, hp, rule=rule, seed=seed,
+    autotune.autotune(*sets[0], w, state, hp, rule=rule,
+                      seed=seeds[0] if sr else None,
                       interpret=interpret, reps=max(5, reps // 3))
   copy = lambda: [jnp.copy(a) for a in _flat(w, state)]  # noqa: E731
-  want = unfused.results(copy, hp)
-  t_unfused = unfused.seconds(copy(), hp)
+  want = unfused.results(copy, rest_check)
+  t_unfused = unfused.seconds(copy(), rest)
   extra = {}
   if triton:
     fused = make("triton")
-    extra.update(rel_err=fused.error(copy, hp, want),
-                 fused_s=fused.seconds(copy(), hp))
+    extra.update(rel_err=fused.error(copy, rest_check, want),
+                 fused_s=fused.seconds(copy(), rest))
   if mosaic:
-    extra.update(_mosaic_case(make("mosaic"), copy, hp, want))
+    extra.update(_mosaic_case(make("mosaic"), copy, rest, rest_check, want))
   n = d_in * d_out
   n_state = int(np.prod(rule.state_shape((d_in, d_out))))
   moved = (2 * t * (d_in + d_out) + 2 * _storage_bytes(n, w_dtype)
@@ -389,35 +424,35 @@ class _Variant:
   """One implementation's timed function: one op per jitted call (W and
   state donated; ``chain`` = 0) or ``chain`` ops in one (:func:`chained`)."""
 
-  def __init__(self, step, n_flat, sets, reps, chain, rounds):
-    self.chained = chained(step, chain) if chain else None
+  def __init__(self, step, n_flat, sets, reps, chain, rounds, per_op=None):
+    self.chained = chained(step, chain, per_op) if chain else None
     self.single = (None if chain else
                    jax.jit(step, donate_argnums=tuple(range(2, 2 + n_flat))))
     self.sets, self.reps, self.chain, self.rounds = sets, reps, chain, rounds
 
-  def results(self, copy, hp):
+  def results(self, copy, rest):
     """The whole chain's result from ``copy()``, or one op's on the first
-    set."""
+    set; ``rest``: the step's arguments after W and the states."""
     if self.chained:
-      return list(self.chained(self.sets, copy(), [hp]))
-    return list(self.single(*self.sets[0], *copy(), hp))
+      return list(self.chained(self.sets, tuple(copy()), tuple(rest)))
+    return list(self.single(*self.sets[0], *copy(), *rest))
 
-  def error(self, copy, hp, want):
+  def error(self, copy, rest, want):
     """Relative error against ``want`` (the reference's :meth:`results`)."""
-    return _rel_err(self.results(copy, hp), want)
+    return _rel_err(self.results(copy, rest), want)
 
   @property
   def max_rel_err(self) -> float:
     return CHAIN_MAX_REL_ERR if self.chained else MAX_REL_ERR
 
-  def seconds(self, flat, hp):
+  def seconds(self, flat, rest):
     if self.chained:
-      return _time_chained(self.chained, self.sets, flat, [hp], self.reps,
+      return _time_chained(self.chained, self.sets, flat, rest, self.reps,
                            self.chain, self.rounds)
-    return _time_stateful(self.single, self.sets, flat, [hp], self.reps)
+    return _time_stateful(self.single, self.sets, flat, list(rest), self.reps)
 
 
-def _mosaic_case(mosaic, copy, hp, want) -> dict:
+def _mosaic_case(mosaic, copy, rest, rest_check, want) -> dict:
   """The Mosaic kernel's columns of one case: its relative error and time,
   or why it has none: outside its scope (the API's refusal, which names
   the reason), a failure to build or run (reported with its type and first
@@ -425,13 +460,13 @@ def _mosaic_case(mosaic, copy, hp, want) -> dict:
   result that differs from the reference (reported, not timed)."""
   scope = "implementation='mosaic': "
   try:
-    err = mosaic.error(copy, hp, want)
+    err = mosaic.error(copy, rest_check, want)
     if not err <= mosaic.max_rel_err:
       what = (f"its chain of {mosaic.chain} differs from the unfused chain"
               if mosaic.chain else "differs from the reference")
       return dict(mosaic_rel_err=err,
                   mosaic_error=f"{what}: rel err {err:.1e}")
-    return dict(mosaic_rel_err=err, mosaic_s=mosaic.seconds(copy(), hp))
+    return dict(mosaic_rel_err=err, mosaic_s=mosaic.seconds(copy(), rest))
   except ValueError as e:
     if str(e).startswith(scope):
       return dict(mosaic_error=str(e)[len(scope):][:120])
@@ -471,18 +506,19 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
 
   Triton and Mosaic are the two Pallas kernels' times (each checked first;
   an error or refusal is shown in its place). The columns after them are
-  for the kernel ``implementation='auto'`` runs on the H200 (jax >= 0.11):
-  Mosaic where it was timed, else Triton ("kernel"). "% of floor" is floor
+  for the Mosaic kernel where it was timed, else Triton ("kernel"): the one
+  ``implementation='auto'`` runs on the H200 (jax >= 0.11), except for
+  folded moments with a bf16 W, which 'auto' keeps on Triton. "% of floor" is floor
   / its time (100% = at the floor); TFLOP/s and GB/s are its achieved rates
   (2·T·in·out and the bytes that must move, over its time); "xla dW TFLOP/s"
-  is XLA's dW alone. "sm MHz" is the SM clock nvidia-smi read after the
-  shape's cases, where it could.
+  is XLA's dW alone. "sm MHz" is the SM clock nvidia-smi read right after
+  the case was timed, where it could (not during the timing).
   """
   print(f"\nfloor peaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 "
         f"matmul), {bw_peak / 1e12:.2f} TB/s")
   timing = rows[0].get("timing", "call") if rows else "call"
-  torch_timing = next((r["torch_timing"] for r in rows
-                       if r.get("torch_timing")), None)
+  torch_timing = ", ".join(sorted({r["torch_timing"] for r in rows
+                                   if r.get("torch_timing")}))
   how = (f"{rows[0]['chain']} ops chained in one jitted call, median of rounds"
          if timing == "chain" else "one op per jitted call")
   print(f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else ""))

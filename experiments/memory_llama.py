@@ -125,7 +125,9 @@ def _unrolled_init(model, key, tokens):
   sliced (the device holds at most one stacked leaf twice). The weights
   are other random draws than the unrolled init's; the result has the
   unrolled init's tree, shapes and dtypes exactly (checked against
-  ``jax.eval_shape``; if they differ, the unrolled init runs instead)."""
+  ``jax.eval_shape``; if they differ, the unrolled init runs instead). The
+  row's ``init_peak_bytes`` is this path's (rows before stop 24: the
+  direct init's)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   want = jax.eval_shape(model.init, key, tokens)
@@ -299,7 +301,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   if profile:  # one more step under the profiler: device time by kernel kind
     trace_dir = tempfile.mkdtemp(prefix="forge_jax_trace_")
     try:
-      with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+      with jax.profiler.trace(trace_dir):
         with in_mesh():
           state, m = step(state, batch)
         jax.block_until_ready(m["loss"])

@@ -26,7 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from experiments.bench_fused_dw import _Variant
+from experiments.bench_fused_dw import CHECK_LEARNING_RATE, _Variant
 from experiments.bench_fused_dw import _flat, _unflat
 from forge_jax.rules import ADAMW
 from pallas_kernels import quantization
@@ -111,6 +111,7 @@ def main(argv=None):
     if n not in CONFIGS:
       raise SystemExit(f"--configs: {n!r} is not one of {list(CONFIGS)}")
   hp = ADAMW.pack(HP, 7)
+  hp_check = ADAMW.pack(dict(HP, learning_rate=CHECK_LEARNING_RATE), 7)
   print(jax.__version__, jax.devices()[0].device_kind, flush=True)
   lines = []
   for spec in a.shapes.split(","):
@@ -125,7 +126,11 @@ def main(argv=None):
         raise SystemExit(f"--modes: {mode!r} is not fp32, bf16, int8, "
                          "bf16-sr or int8-sr")
       dtype = jnp.bfloat16 if mode.startswith("bf16") else jnp.float32
-      sr = dict(seed=jnp.uint32(12345)) if mode.endswith("-sr") else {}
+      sr = mode.endswith("-sr")
+      # The rounding seed is an argument after the hyperparameters; a chain
+      # gives each op its own (bench_fused_dw.chained).
+      seeds = [jnp.uint32(12345)] if sr else []
+      per_op = (lambda r, i: (r[0], r[1] + jnp.uint32(i))) if sr else None
       w = jax.random.normal(jax.random.fold_in(key, 9), (d_in, d_out),
                             jnp.bfloat16 if sr else dtype)
       mu = (1e-2 * jax.random.normal(jax.random.fold_in(key, 10), (d_in, d_out))
@@ -137,36 +142,39 @@ def main(argv=None):
       like = (mu, nu)
 
       def make_step(impl, cfg=None):
-        def step(x, dy, *flat):
-          *flat, hp_ = flat
+        n_flat = len(_flat(w, like))
+
+        def step(x, dy, *args):
+          flat, (hp_, *seed) = args[:n_flat], args[n_flat:]
+          kw = dict(seed=seed[0]) if seed else {}
           w_, st = _unflat(flat, like)
           if impl == "xla":
             nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=ADAMW,
-                                               **sr)
+                                               **kw)
           else:
             nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=ADAMW,
                                      implementation=impl, config=cfg,
                                      interpret=a.interpret, in_place=True,
-                                     **sr)
+                                     **kw)
           return tuple(_flat(nw, ns))
-        return _Variant(step, len(_flat(w, like)), sets, a.reps, a.chain, 3)
+        return _Variant(step, n_flat, sets, a.reps, a.chain, 3, per_op)
 
       copy = lambda: [jnp.copy(v) for v in _flat(w, like)]  # noqa: E731
       unfused = make_step("xla")
-      want = unfused.results(copy, hp)
-      times = {"xla": unfused.seconds(copy(), hp)}
+      want = unfused.results(copy, [hp_check, *seeds])
+      times = {"xla": unfused.seconds(copy(), [hp, *seeds])}
       for name, impl, cfg in [("triton", "triton", None)] + [
           (n, "mosaic", CONFIGS[n]) for n in names]:
         t0 = time.time()
         try:
           fn = make_step(impl, cfg)
-          err = fn.error(copy, hp, want)
+          err = fn.error(copy, [hp_check, *seeds], want)
           if not err <= fn.max_rel_err:  # checked first: a wrong kernel is not timed
             print(f"T={t} {d_in}x{d_out} {mode} {name}: WRONG, rel err "
                   f"{err:.1e} against the unfused step{'s' if a.chain else ''}",
                   flush=True)
             continue
-          times[name] = fn.seconds(copy(), hp)
+          times[name] = fn.seconds(copy(), [hp, *seeds])
           print(f"T={t} {d_in}x{d_out} {mode} {name}: {times[name] * 1e3:.3f} ms "
                 f"err {err:.1e} (compile+run {time.time() - t0:.1f}s)", flush=True)
         except Exception as e:  # noqa: BLE001 -- reported, the sweep goes on

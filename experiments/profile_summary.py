@@ -1,20 +1,23 @@
 """Where a step's device time goes: JAX profiler trace, summed by kind of kernel.
 
-``jax.profiler.trace(dir, create_perfetto_trace=True)`` writes a Perfetto
-trace (``*.trace.json.gz``) beside its XSpace. This reads that JSON (no
-TensorBoard needed) and sums the durations of the device's events: on a GPU
-the kernels of the ``/device:GPU:N`` processes, elsewhere the XLA ops the
+``jax.profiler.trace(dir)`` writes a trace-viewer JSON (``*.trace.json.gz``)
+beside its XSpace (jax 0.10 and 0.11). This reads that JSON (no TensorBoard
+needed) and sums the durations of the device's events: on a GPU the kernels
+on the streams of the ``/device:GPU:N`` processes, elsewhere the XLA ops the
 host's runtime threads ran (events that carry an ``hlo_op``). Each kernel is
-put in a category by its name:
+put in a category by its name, the first that matches:
 
 * ``fused dW + update``: the Pallas kernels of ``pallas_kernels.fused_dw``
   (``forge_fused_dw_<rule>[_mosaic]``);
-* ``matmul``: cuBLAS / cuBLASLt / CUTLASS GEMMs (``gemm``, ``nvjet``,
-  ``xmma``, ``cutlass``, ``cublas`` in the name);
 * ``attention``: cuDNN fused attention (``cudnn``, ``fmha``, ``flash``);
-* ``copy / transpose``: ``copy``, ``transpose``, memcpy and memset;
-* ``XLA fusion``: XLA's own generated kernels (``fusion`` in the name), the
-  elementwise updates of an unfused optimizer among them;
+* ``matmul``: cuBLAS / cuBLASLt / CUTLASS GEMMs and their helpers
+  (``gemm``, ``gemv``, ``splitK``, ``nvjet``, ``xmma``, ``cutlass``,
+  ``cublas``, ``dot``);
+* ``copy / transpose``: ``copy``, ``transpose``, ``slice`` (XLA's
+  ``wrapped_slice``, ``wrapped_dynamic_update_slice``), memcpy and memset;
+* ``XLA fusion``: XLA's own generated kernels (``fusion``, ``wrapped_``,
+  ``loop_``, ``input_``), the elementwise updates of an unfused optimizer
+  among them;
 * ``other``.
 
 Times are sums of kernel durations: kernels that overlapped on two streams
@@ -37,9 +40,11 @@ import re
 CATEGORIES = (
     ("fused dW + update", re.compile(r"forge_fused_dw")),
     ("attention", re.compile(r"cudnn|fmha|flash", re.I)),
-    ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|dot", re.I)),
-    ("copy / transpose", re.compile(r"copy|transpose|memcpy|memset", re.I)),
-    ("XLA fusion", re.compile(r"fusion", re.I)),
+    ("matmul", re.compile(r"gemm|gemv|splitk|nvjet|xmma|cutlass|cublas|dot",
+                          re.I)),
+    ("copy / transpose", re.compile(r"copy|transpose|slice|memcpy|memset",
+                                    re.I)),
+    ("XLA fusion", re.compile(r"fusion|wrapped_|^loop_|^input_", re.I)),
 )
 
 
@@ -62,27 +67,31 @@ def find_trace(path: str) -> str:
   found = glob.glob(os.path.join(path, "**", "*.trace.json.gz"), recursive=True)
   if not found:
     raise FileNotFoundError(
-        f"no *.trace.json.gz under {path!r}: was the trace taken with "
-        "jax.profiler.trace(..., create_perfetto_trace=True)?")
+        f"no *.trace.json.gz under {path!r}: expected the directory given "
+        "to jax.profiler.trace (or the file itself)")
   return max(found, key=os.path.getmtime)
 
 
 def device_events(events: list) -> list:
   """The device's complete events: the kernels on the streams of the
   ``/device:GPU`` processes when the trace has any (not the "XLA Ops" /
-  "XLA Modules" lines derived from them, which would count them twice),
-  else the host events that ran an XLA op."""
+  "XLA Modules" / "Steps" lines derived from them, which would count them
+  twice; without thread names, every line but those), else the host events
+  that ran an XLA op."""
   meta = [e for e in events if e.get("ph") == "M"]
   gpu = {e["pid"] for e in meta if e.get("name") == "process_name"
          and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
   done = [e for e in events if e.get("ph") == "X" and "dur" in e]
   if not gpu:
     return [e for e in done if "hlo_op" in e.get("args", {})]
-  streams = {(e["pid"], e.get("tid")) for e in meta
-             if e.get("pid") in gpu and e.get("name") == "thread_name"
-             and str(e.get("args", {}).get("name", "")).startswith("Stream")}
+  names = {(e["pid"], e.get("tid")): str(e.get("args", {}).get("name", ""))
+           for e in meta if e.get("pid") in gpu and e.get("name") == "thread_name"}
+  streams = {k for k, v in names.items() if v.startswith("Stream")}
+  if streams:
+    return [e for e in done if (e.get("pid"), e.get("tid")) in streams]
+  derived = {k for k, v in names.items() if v.startswith(("XLA ", "Steps"))}
   return [e for e in done if e.get("pid") in gpu
-          and (not streams or (e["pid"], e.get("tid")) in streams)]
+          and (e["pid"], e.get("tid")) not in derived]
 
 
 def summarize(path: str, top: int = 15) -> dict:

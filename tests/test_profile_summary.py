@@ -49,7 +49,7 @@ def test_gpu_stream_kernels_are_summed_by_category(tmp_path):
 
 
 def test_missing_trace_is_reported(tmp_path):
-  with pytest.raises(FileNotFoundError, match="create_perfetto_trace=True"):
+  with pytest.raises(FileNotFoundError, match="expected the directory given to jax.profiler.trace"):
     profile_summary.summarize(str(tmp_path))
 
 
@@ -59,9 +59,24 @@ def test_memory_llama_profiles_a_step_on_the_cpu(capsys):
                              profile=True)
   prof = row["profile"]
   assert prof["total_ms"] > 0 and prof["top"]
-  assert abs(sum(v["ms"] for v in prof["categories"].values())
-             - prof["total_ms"]) < 1e-9
+  assert all(k["ms"] > 0 for k in prof["top"])
   capsys.readouterr()
   memory_llama.print_profiles([row])
   out = capsys.readouterr().out
   assert "forge-bf16 unrolled T=16: step" in out and "| category | ms |" in out
+
+
+def test_without_stream_names_the_derived_lines_are_left_out(tmp_path):
+  events = [
+      {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+      {"ph": "M", "pid": 7, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
+      {"ph": "X", "pid": 7, "tid": 2, "ts": 0, "dur": 10.0, "name": "wrapped_slice"},
+      {"ph": "X", "pid": 7, "tid": 2, "ts": 1, "dur": 20.0, "name": "wrapped_convert"},
+      {"ph": "X", "pid": 7, "tid": 2, "ts": 2, "dur": 30.0, "name": "splitKreduce_kernel"},
+      {"ph": "X", "pid": 7, "tid": 9, "ts": 0, "dur": 999.0, "name": "fusion.1"},
+  ]
+  _write_trace(tmp_path / "x.trace.json.gz", events)
+  cats = {k: v["ms"] for k, v in
+          profile_summary.summarize(str(tmp_path))["categories"].items()}
+  assert cats == pytest.approx({"copy / transpose": 0.01, "XLA fusion": 0.02,
+                                "matmul": 0.03})
