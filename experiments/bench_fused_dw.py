@@ -59,6 +59,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 import traceback
@@ -478,6 +479,17 @@ def _mosaic_case(mosaic, copy, rest, rest_check, want) -> dict:
   return dict(mosaic_error=f"failed: {type(failure).__name__}: {first[:160]}")
 
 
+def _log_peaks(path: str):
+  """(FLOP/s, bytes/s) from a bench log's "measured peaks: X TFLOP/s ...,
+  Y TB/s" line, or None."""
+  with open(path) as f:
+    for line in f:
+      m = re.match(r"measured peaks: ([\d.]+) TFLOP/s .*?, ([\d.]+) TB/s", line)
+      if m:
+        return float(m.group(1)) * 1e12, float(m.group(2)) * 1e12
+  return None
+
+
 def sm_clock_mhz() -> int | None:
   """The first GPU's SM clock now (nvidia-smi), or None where there is none
   (a clock well under the H200's 1980 MHz boost marks a throttled run)."""
@@ -588,7 +600,8 @@ def main(argv=None):
   p.add_argument("--peak-size", type=int, default=None,
                  help="n of the n³ bf16 matmul and 16·n² fp32 pass that measure "
                  "the peaks (default 8192; 256 with --interpret)")
-  p.add_argument("--out", default="experiments/results")
+  p.add_argument("--out", default="experiments/results",
+                 help="directory for the JSON (default: %(default)s)")
   p.add_argument("--interpret", action="store_true",
                  help="run the kernel in interpret mode (a CPU smoke test)")
   p.add_argument("--table-from", metavar="FILE",
@@ -603,14 +616,15 @@ def main(argv=None):
     saved = _runs.read_json_or_log(a.table_from, '{"shape"')
     if isinstance(saved, dict):
       rows, peaks = saved["rows"], (saved["peak_flops"], saved["peak_bw"])
-    else:  # a log: one row per line, no peaks
-      rows, peaks = saved, None
+    else:  # a log: one row per line, the peaks on its "measured peaks" line
+      rows, peaks = saved, _log_peaks(a.table_from)
     if a.peaks != "measured":
       print_table(rows, *_parse_peaks(a.peaks), "given")
     elif peaks:
       print_table(rows, *peaks, "measured in that run")
     else:
-      raise SystemExit("--table-from: a log has no measured peaks; give --peaks")
+      raise SystemExit("--table-from: the log has no 'measured peaks' line; "
+                       "give --peaks")
     return rows
   if a.autotune and not a.triton:
     raise SystemExit("--autotune tunes the Triton kernel: not with --no-triton")

@@ -460,9 +460,11 @@ def main(argv=None):
   p.add_argument("--profile", action="store_true",
                  help="run one more step under jax.profiler and add its device "
                  "time by kind of kernel (experiments/profile_summary) to the "
-                 "row; printed per variant after the table")
+                 "row; printed per variant after the table (the trace itself "
+                 "is deleted: take your own with jax.profiler.trace to keep one)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
-  p.add_argument("--out", default="experiments/results")
+  p.add_argument("--out", default="experiments/results",
+                 help="directory for the JSON and peak reports (default: %(default)s)")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
   p.add_argument("--table-from", nargs="+", metavar="FILE",
                  help="print the table of earlier runs (their JSON, or logs "

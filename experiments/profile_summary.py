@@ -4,7 +4,9 @@
 beside its XSpace (jax 0.10 and 0.11). This reads that JSON (no TensorBoard
 needed) and sums the durations of the device's events: on a GPU the kernels
 on the streams of the ``/device:GPU:N`` processes, elsewhere the XLA ops the
-host's runtime threads ran (events that carry an ``hlo_op``). Each kernel is
+host's runtime threads ran (events that carry an ``hlo_op``; loops and
+conditionals left out, as the ops inside them are counted; there a matmul
+can sit inside a CPU fusion, so the categories are rough). Each kernel is
 put in a category by its name, the first that matches:
 
 * ``fused dW + update``: the Pallas kernels of ``pallas_kernels.fused_dw``
@@ -48,6 +50,10 @@ CATEGORIES = (
 )
 
 
+CONTROL_FLOW = re.compile(r"(while|conditional|call)(\.|$)")
+"""Host (CPU) ops whose time is that of the ops they run, counted apart."""
+
+
 def category(name: str) -> str:
   """The category of a kernel (or XLA op) name; see the module doc."""
   for cat, pattern in CATEGORIES:
@@ -82,8 +88,9 @@ def device_events(events: list) -> list:
   gpu = {e["pid"] for e in meta if e.get("name") == "process_name"
          and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
   done = [e for e in events if e.get("ph") == "X" and "dur" in e]
-  if not gpu:
-    return [e for e in done if "hlo_op" in e.get("args", {})]
+  if not gpu:  # the host's XLA ops, less the control flow that encloses others
+    return [e for e in done if "hlo_op" in e.get("args", {})
+            and not CONTROL_FLOW.match(str(e.get("name", "")))]
   names = {(e["pid"], e.get("tid")): str(e.get("args", {}).get("name", ""))
            for e in meta if e.get("pid") in gpu and e.get("name") == "thread_name"}
   streams = {k for k, v in names.items() if v.startswith("Stream")}
@@ -135,9 +142,12 @@ def print_summary(summary: dict, title: str = "") -> None:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0], epilog="Categories: "
+      + ", ".join(c for c, _ in CATEGORIES) + ", other (first match by name).")
   p.add_argument("trace", help="a jax.profiler.trace directory or a *.trace.json.gz")
-  p.add_argument("--top", type=int, default=15)
+  p.add_argument("--top", type=int, default=15,
+                 help="kernels listed by time (default: %(default)s)")
   a = p.parse_args(argv)
   summary = summarize(a.trace, a.top)
   print_summary(summary)

@@ -37,6 +37,12 @@ def test_bench_checks_cases_and_floors_from_nominal_peaks(tmp_path, capsys):
                        "--peaks", "1e9,1e9"])
   table = capsys.readouterr().out
   assert "floor peaks (given): 0 TFLOP/s" in table and "| 40 | 48→80 |" in table
+  # A log (one JSON row per line) keeps its measured peaks.
+  log = tmp_path / "bench.log"
+  log.write_text("measured peaks: 791 TFLOP/s (bf16 8192³ matmul), 4.16 TB/s "
+                 "(fp32 pass)\n" + "".join(json.dumps(r) + "\n" for r in rows))
+  bench_fused_dw.main(["--table-from", str(log), "--peaks", "measured"])
+  assert "floor peaks (measured in that run): 791 TFLOP/s" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("peaks", ["1e12", "0,4.3e12", "nan,nan", "790e12,-1"])

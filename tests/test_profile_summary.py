@@ -80,3 +80,22 @@ def test_without_stream_names_the_derived_lines_are_left_out(tmp_path):
           profile_summary.summarize(str(tmp_path))["categories"].items()}
   assert cats == pytest.approx({"copy / transpose": 0.01, "XLA fusion": 0.02,
                                 "matmul": 0.03})
+
+
+def test_host_control_flow_is_not_counted_beside_its_ops(tmp_path):
+  # On the CPU a while op's event spans the ops of its body: only they count.
+  events = [
+      {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+      {"ph": "X", "pid": 1, "tid": 2, "ts": 0, "dur": 50.0, "name": "while.5",
+       "args": {"hlo_op": "while.5"}},
+      {"ph": "X", "pid": 1, "tid": 2, "ts": 1, "dur": 30.0, "name": "dot.1",
+       "args": {"hlo_op": "dot.1"}},
+      {"ph": "X", "pid": 1, "tid": 2, "ts": 2, "dur": 20.0, "name": "add_fusion",
+       "args": {"hlo_op": "add_fusion"}},
+      {"ph": "X", "pid": 1, "tid": 3, "ts": 0, "dur": 99.0, "name": "PjitFunction"},
+  ]
+  _write_trace(tmp_path / "x.trace.json.gz", events)
+  s = profile_summary.summarize(str(tmp_path))
+  assert s["total_ms"] == pytest.approx(0.05)
+  assert {k: v["ms"] for k, v in s["categories"].items()} == pytest.approx(
+      {"matmul": 0.03, "XLA fusion": 0.02})
