@@ -197,3 +197,9 @@ def test_chained_gives_each_op_its_own_rest():
   sets = [(jnp.ones((2,)), jnp.ones((3,)))]
   (got,) = run(sets, (jnp.int32(0),), (jnp.int32(1),))
   assert int(got) == 123
+
+
+@pytest.mark.parametrize("flag", ["--reps", "--chain", "--rounds"])
+def test_counts_below_one_are_refused_before_measuring(flag):
+  with pytest.raises(SystemExit, match=f"{flag}: must be >= 1, got 0"):
+    bench_fused_dw.main([flag, "0", "--interpret", "--shapes", "64:64x128"])
