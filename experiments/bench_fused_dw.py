@@ -156,6 +156,20 @@ def chained(step, chain: int, per_op=None):
   return jax.jit(run, donate_argnums=1)
 
 
+def own_seed(rest, i):
+  """``per_op`` of :func:`chained` for a step whose ``rest`` is (hparams,
+  seed): op i rounds with seed + i, as each training step has its own."""
+  return rest[0], rest[1] + jnp.uint32(i)
+
+
+def step_args(args, n_flat: int):
+  """(W and the states, hparams, seed or None) of a step's arguments after
+  x and dY: the ``n_flat`` arrays, then the hyperparameters, then the
+  stochastic-rounding seed if there is one."""
+  flat, (hp, *seed) = args[:n_flat], args[n_flat:]
+  return flat, hp, seed[0] if seed else None
+
+
 def _dw_chain(chain: int):
   """jit of ``chain`` XLA dWs on rotating sets (``run(sets, (), ())``),
   each behind a barrier with the previous one, all returned (an unused dW
@@ -347,8 +361,8 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   ``triton=False`` leaves the Triton kernel out (no ``fused_s``)."""
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
-  hp_check = rule.pack({n: dict(HYPERPARAMS, learning_rate=CHECK_LEARNING_RATE)[n]
-                        for n in rule.hyperparam_names}, 7)
+  check = dict(HYPERPARAMS, learning_rate=CHECK_LEARNING_RATE)
+  hp_check = rule.pack({n: check[n] for n in rule.hyperparam_names}, 7)
   # The stochastic-rounding seed is an argument (a chain gives each op its
   # own, as training gives each step), after the hyperparameters.
   seeds = [jnp.uint32(1234)] if sr else []
@@ -376,8 +390,7 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
 
   def make_step(impl):
     def step(x, dy, *args):
-      flat, (hp_, *seed_) = args[:n_flat], args[n_flat:]
-      seed = seed_[0] if seed_ else None
+      flat, hp_, seed = step_args(args, n_flat)
       w_, st = _unflat(flat, like)
       # in_place: the op's result replaces its donated arguments (whole
       # arrays, nothing sliced: one op per jitted call, or ops chained
@@ -392,11 +405,8 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
       return tuple(_flat(nw, ns))
     return step
 
-  def per_op(rest_i, i):  # op i of a chain: its own rounding seed
-    return (rest_i[0], rest_i[1] + jnp.uint32(i)) if sr else rest_i
-
   make = lambda impl: _Variant(make_step(impl), n_flat, sets, reps, chain,  # noqa: E731
-                               rounds, per_op)
+                               rounds, own_seed if sr else None)
 
   unfused = make("xla")
   if tune:  # records the fastest tile in the cache; `fused` then uses it

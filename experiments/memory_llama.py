@@ -234,17 +234,15 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     print(f"{PHASE} {name} {phases[name]:.1f}", flush=True)
 
   init_key = jax.random.key(0)
-  init = jax.jit(model.init)
   if mesh is not None:  # straight into the shards: no whole copy on a device
     shapes = jax.eval_shape(model.init, init_key, batch[0])
-    init = jax.jit(model.init, out_shardings=jax.tree.map(
+    variables = jax.jit(model.init, out_shardings=jax.tree.map(
         lambda s: jax.sharding.NamedSharding(mesh, s),
-        llama.tensor_parallel_specs(shapes, "model")))
-    variables = init(init_key, batch[0])
+        llama.tensor_parallel_specs(shapes, "model")))(init_key, batch[0])
   elif not cfg.scan_layers:
     variables = _unrolled_init(model, init_key, batch[0])
   else:
-    variables = init(init_key, batch[0])
+    variables = jax.jit(model.init)(init_key, batch[0])
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
   del variables
   jax.block_until_ready(state)

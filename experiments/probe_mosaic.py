@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from experiments.bench_fused_dw import CHECK_LEARNING_RATE, _Variant
-from experiments.bench_fused_dw import _flat, _unflat
+from experiments.bench_fused_dw import _flat, _unflat, own_seed, step_args
 from forge_jax.rules import ADAMW
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import MosaicConfig
@@ -130,7 +130,6 @@ def main(argv=None):
       # The rounding seed is an argument after the hyperparameters; a chain
       # gives each op its own (bench_fused_dw.chained).
       seeds = [jnp.uint32(12345)] if sr else []
-      per_op = (lambda r, i: (r[0], r[1] + jnp.uint32(i))) if sr else None
       w = jax.random.normal(jax.random.fold_in(key, 9), (d_in, d_out),
                             jnp.bfloat16 if sr else dtype)
       mu = (1e-2 * jax.random.normal(jax.random.fold_in(key, 10), (d_in, d_out))
@@ -145,19 +144,19 @@ def main(argv=None):
         n_flat = len(_flat(w, like))
 
         def step(x, dy, *args):
-          flat, (hp_, *seed) = args[:n_flat], args[n_flat:]
-          kw = dict(seed=seed[0]) if seed else {}
+          flat, hp_, seed = step_args(args, n_flat)
           w_, st = _unflat(flat, like)
           if impl == "xla":
             nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=ADAMW,
-                                               **kw)
+                                               seed=seed)
           else:
             nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=ADAMW,
                                      implementation=impl, config=cfg,
                                      interpret=a.interpret, in_place=True,
-                                     **kw)
+                                     seed=seed)
           return tuple(_flat(nw, ns))
-        return _Variant(step, n_flat, sets, a.reps, a.chain, 3, per_op)
+        return _Variant(step, n_flat, sets, a.reps, a.chain, 3,
+                        own_seed if sr else None)
 
       copy = lambda: [jnp.copy(v) for v in _flat(w, like)]  # noqa: E731
       unfused = make_step("xla")
