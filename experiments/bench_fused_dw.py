@@ -134,21 +134,39 @@ def _time(fn, args_list, reps: int) -> float:
   return (time.perf_counter() - t0) / reps
 
 
-def chained(step, chain: int, per_op=None):
+BARRIERS = ("all", "state")
+"""What :func:`chained` puts behind each op's ``optimization_barrier``:
+``all``, (x, dY, carry, rest); ``state``, (carry, rest) only, x and dY
+reaching the op directly (no set may then repeat within a chain)."""
+
+
+def chained(step, chain: int, per_op=None, barrier: str = "all"):
   """jit of ``chain`` applications of ``carry = step(x, dy, *carry,
   *rest_i)`` (``run(sets, carry, rest)``, carry donated), the i-th on
   ``sets[i % len(sets)]`` with ``rest_i = per_op(rest, i)`` (default
-  ``rest``). An ``optimization_barrier`` on (x, dy, carry, rest) before
-  each op keeps XLA from merging consecutive ops (fusing the elementwise
-  updates of several steps into one pass) and from computing anything
-  twice-used once (a repeated set's dW, or what depends on ``rest`` only,
-  such as stochastic-rounding bits)."""
+  ``rest``). An ``optimization_barrier`` before each op keeps XLA from
+  merging consecutive ops (fusing the elementwise updates of several steps
+  into one pass) and from computing anything twice-used once (what depends
+  on ``rest`` only, such as stochastic-rounding bits; with ``barrier='all'``
+  also a repeated set's dW). ``barrier``: one of :data:`BARRIERS`; with
+  ``'state'`` the call raises ValueError if ``chain`` exceeds the sets
+  given (a repeated set's dW could be computed once)."""
+  if barrier not in BARRIERS:
+    raise ValueError(f"barrier={barrier!r}: expected one of {BARRIERS}")
+
   def run(sets, carry, rest):
+    if barrier == "state" and chain > len(sets):
+      raise ValueError(f"barrier='state' with chain={chain} > {len(sets)} "
+                       "sets: a set would repeat, and XLA could compute its "
+                       "dW once")
     carry = tuple(carry)
     for i in range(chain):
       x, dy = sets[i % len(sets)]
-      x, dy, carry, rest_i = lax.optimization_barrier(
-          (x, dy, carry, tuple(rest)))
+      if barrier == "all":
+        x, dy, carry, rest_i = lax.optimization_barrier(
+            (x, dy, carry, tuple(rest)))
+      else:
+        carry, rest_i = lax.optimization_barrier((carry, tuple(rest)))
       if per_op is not None:
         rest_i = per_op(rest_i, i)
       carry = tuple(step(x, dy, *carry, *rest_i))
@@ -170,16 +188,19 @@ def step_args(args, n_flat: int):
   return flat, hp, seed[0] if seed else None
 
 
-def _dw_chain(chain: int):
+def _dw_chain(chain: int, barrier: str = "all"):
   """jit of ``chain`` XLA dWs on rotating sets (``run(sets, (), ())``),
-  each behind a barrier with the previous one, all returned (an unused dW
-  would be dropped)."""
+  each behind a barrier with the previous one (``barrier`` as
+  :func:`chained`'s), all returned (an unused dW would be dropped)."""
   def run(sets, carry, rest):
     del carry, rest
     outs, prev = [], ()
     for i in range(chain):
       x, dy = sets[i % len(sets)]
-      x, dy, prev = lax.optimization_barrier((x, dy, prev))
+      if barrier == "all":
+        x, dy, prev = lax.optimization_barrier((x, dy, prev))
+      else:
+        prev = lax.optimization_barrier(prev)
       prev = weight_grad_reference(x, dy)
       outs.append(prev)
     return tuple(outs)
@@ -355,9 +376,11 @@ def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int,
 
 
 def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
-               tune=False, mosaic=False, chain=0, rounds=3, triton=True):
+               tune=False, mosaic=False, chain=0, rounds=3, triton=True,
+               barrier="all"):
   """One (rule, mode, shape): checked, then unfused and fused timed; ``chain``
-  > 0 times :func:`chained` ops (and checks the chain), 0 one op per call.
+  > 0 times :func:`chained` ops (and checks the chain; ``barrier`` as
+  :func:`chained`'s), 0 one op per call.
   ``triton=False`` leaves the Triton kernel out (no ``fused_s``)."""
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
@@ -406,7 +429,7 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
     return step
 
   make = lambda impl: _Variant(make_step(impl), n_flat, sets, reps, chain,  # noqa: E731
-                               rounds, own_seed if sr else None)
+                               rounds, own_seed if sr else None, barrier)
 
   unfused = make("xla")
   if tune:  # records the fastest tile in the cache; `fused` then uses it
@@ -435,8 +458,9 @@ class _Variant:
   """One implementation's timed function: one op per jitted call (W and
   state donated; ``chain`` = 0) or ``chain`` ops in one (:func:`chained`)."""
 
-  def __init__(self, step, n_flat, sets, reps, chain, rounds, per_op=None):
-    self.chained = chained(step, chain, per_op) if chain else None
+  def __init__(self, step, n_flat, sets, reps, chain, rounds, per_op=None,
+               barrier="all"):
+    self.chained = chained(step, chain, per_op, barrier) if chain else None
     self.single = (None if chain else
                    jax.jit(step, donate_argnums=tuple(range(2, 2 + n_flat))))
     self.sets, self.reps, self.chain, self.rounds = sets, reps, chain, rounds
@@ -542,6 +566,8 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
   torch_timing = ", ".join(sorted({r["torch_timing"] for r in rows
                                    if r.get("torch_timing")}))
   how = (f"{rows[0]['chain']} ops chained in one jitted call, median of rounds"
+         + (", x and dY outside the barriers"
+            if rows[0].get("barrier") == "state" else "")
          if timing == "chain" else "one op per jitted call")
   print(f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else ""))
   print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
@@ -604,6 +630,11 @@ def main(argv=None):
                  "step (default); call: one op per jitted call")
   p.add_argument("--chain", type=int, default=3,
                  help="ops per jitted call with --timing chain")
+  p.add_argument("--barrier", choices=BARRIERS, default="all",
+                 help="with --timing chain, what each op's optimization "
+                 "barrier holds: all = x, dY, W, states and hyperparameters; "
+                 "state = all but x and dY (needs --chain <= 3, the sets "
+                 "rotated)")
   p.add_argument("--rounds", type=int, default=3,
                  help="rounds of --reps ops (the median is kept) with "
                  "--timing chain")
@@ -644,6 +675,9 @@ def main(argv=None):
     if getattr(a, name) < 1:
       raise SystemExit(f"--{name}: must be >= 1, got {getattr(a, name)}")
   chain = a.chain if a.timing == "chain" else 0
+  if a.barrier == "state" and chain > 3:
+    raise SystemExit(f"--barrier state: --chain must be <= 3 (the input sets "
+                     f"rotated), got {chain}")
   known = {**RULES, **FOLD_RULES}
   for r in a.rules.split(","):
     if r not in known:
@@ -678,7 +712,7 @@ def main(argv=None):
             for i in range(3)]
     flops = 2 * t * d_in * d_out
     if chain:
-      t_dw = _time_chained(_dw_chain(chain), sets, (), (), a.reps, chain,
+      t_dw = _time_chained(_dw_chain(chain, a.barrier), sets, (), (), a.reps, chain,
                            a.rounds, feed_back=False)
     else:
       t_dw = _time(jax.jit(weight_grad_reference), sets, a.reps)
@@ -690,14 +724,14 @@ def main(argv=None):
         try:
           r = bench_case(rule, mode, t, d_in, d_out, sets, a.reps, rng,
                          a.interpret, a.autotune, a.mosaic, chain, a.rounds,
-                         a.triton)
+                         a.triton, a.barrier)
         except Exception as e:  # reported, not hidden: the table shows it
           r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
                    f"{str(e)[:200]}", bytes=float("nan"))
         floor = max(flops / flops_peak, r["bytes"] / bw_peak)
         rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor,
                          torch_adamw_s=t_torch, torch_timing=torch_timing,
-                         timing=a.timing, chain=chain,
+                         timing=a.timing, chain=chain, barrier=a.barrier,
                          sm_clock_mhz=sm_clock_mhz(), **r))
         print(json.dumps(rows[-1]), flush=True)
 
@@ -709,6 +743,7 @@ def main(argv=None):
     json.dump({"peak_flops": measured[0], "peak_bw": measured[1],
                "floor_peaks": [flops_peak, bw_peak], "timing": a.timing,
                "chain": chain, "rounds": a.rounds, "reps": a.reps,
+               "barrier": a.barrier,
                "device": jax.devices()[0].device_kind, "jax": jax.__version__,
                "python": platform.python_version(), "rows": rows}, f, indent=1)
   print(f"wrote {path}")

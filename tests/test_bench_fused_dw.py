@@ -203,3 +203,34 @@ def test_chained_gives_each_op_its_own_rest():
 def test_counts_below_one_are_refused_before_measuring(flag):
   with pytest.raises(SystemExit, match=f"{flag}: must be >= 1, got 0"):
     bench_fused_dw.main([flag, "0", "--interpret", "--shapes", "64:64x128"])
+
+
+@pytest.mark.parametrize("barrier", bench_fused_dw.BARRIERS)
+def test_chained_barrier_variants_apply_the_same_ops(barrier):
+  # x and dY behind the barrier or not, the chain computes the same thing.
+  sets = [(jnp.full((2,), float(i + 1)), jnp.full((3,), 10.0 * (i + 1)))
+          for i in range(3)]
+  step = lambda x, dy, c, scale: (c * scale + x.sum() + dy.sum(),)  # noqa: E731
+  got = bench_fused_dw.chained(step, 3, barrier=barrier)(
+      sets, [jnp.float32(0.5)], [jnp.float32(2.0)])
+  want = jnp.float32(0.5)
+  for x, dy in sets:
+    want = want * 2.0 + x.sum() + dy.sum()
+  assert float(got[0]) == float(want)
+  (dw,) = bench_fused_dw._dw_chain(1, barrier)(
+      [(jnp.ones((4, 2), jnp.bfloat16), jnp.ones((4, 3), jnp.bfloat16))], (), ())
+  np.testing.assert_array_equal(np.asarray(dw), np.full((2, 3), 4.0))
+
+
+def test_state_barrier_refuses_a_repeated_set():
+  # Without x and dY behind the barrier, a set used twice in one chain could
+  # have its dW computed once: refused, in the function and in the CLI.
+  run = bench_fused_dw.chained(lambda x, dy, c: (c + x.sum(),), 4,
+                               barrier="state")
+  with pytest.raises(ValueError, match="chain=4 > 3 sets"):
+    run([(jnp.ones((2,)), jnp.ones((3,)))] * 3, (jnp.float32(0),), ())
+  with pytest.raises(ValueError, match="barrier='none'"):
+    bench_fused_dw.chained(lambda x, dy, c: (c,), 2, barrier="none")
+  with pytest.raises(SystemExit, match="--chain must be <= 3"):
+    bench_fused_dw.main(["--barrier", "state", "--chain", "4", "--interpret",
+                         "--shapes", "64:64x128"])

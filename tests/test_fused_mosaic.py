@@ -222,6 +222,17 @@ def test_default_config_fits_64_multiples(rng):
   assert MosaicConfig.default(512, 4096, 14336) == MosaicConfig(transpose_x=False)
   # The interpreter has no transposed views: the default always transposes.
   assert MosaicConfig.default(512, 4096, 14336, interpret=True).transpose_x
+  # x through the transposed view for narrow W (out <= 1024) at every T,
+  # transposed by XLA from T=2048 on otherwise.
+  for t in (512, 2048, 8192):
+    for narrow in (False, True):
+      assert not MosaicConfig.default(t, 4096, 1024, narrow=narrow).transpose_x
+      assert not MosaicConfig.default(512, 5120, 1024, narrow=narrow).transpose_x
+      assert MosaicConfig.default(t, 4096, 1024, narrow=narrow,
+                                  interpret=True).transpose_x
+    if t < 8192:  # from T=8192 on: ping-pong, x transposed
+      assert not MosaicConfig.default(t, 5120, 1024).transpose_x
+  assert MosaicConfig.default(2048, 4096, 2048).transpose_x
   cfg = MosaicConfig.default(64, 192, 64)
   assert (cfg.block_m, cfg.block_n) == (64, 64)
   # Ping-pong where it measured faster (fp32 and int8 states from T=8192 on,

@@ -281,7 +281,14 @@ class MosaicConfig:
     128×128×64 tiles with 3 stages, halved along an axis that 128 does not
     divide, x read through a transposed shared-memory view below T=2048 and
     transposed by XLA from there on (0.418 against 0.610 ms at T=512, 0.681
-    against 0.635 at T=2048, equal at 8192); int8 states, 64×128 tiles with
+    against 0.635 at T=2048, equal at 8192) except for W of at most
+    ``NARROW_OUT`` columns, whose x is always read through the view: XLA's
+    transpose is a pass over x, comparable there to the kernel's own
+    traffic (stop 25, same-run probe, 128×128 tiles, view against
+    transposed: 4096→1024 at T=2048 0.063 against 0.069 ms with fp32 W and
+    states, 0.052 against 0.063 with bf16 W rounded stochastically and bf16
+    states; 5120→1024 at T=8192 0.217 against 0.253 and 0.193 against
+    0.242); int8 states, 64×128 tiles with
     4 stages (64×64 where 128 does not divide out; 0.470 ms at T=512
     against 1.293 for 128×128: the decode and encode do not fit in
     registers beside a 128×128 accumulator, presumably); bf16 below T=2048:
@@ -311,13 +318,18 @@ class MosaicConfig:
                    ping_pong=True)
     return cls(block_m=128 if d_in % 128 == 0 else 64,
                block_n=128 if d_out % 128 == 0 else 64,
-               transpose_x=interpret or t >= 2048)
+               transpose_x=interpret or (t >= 2048 and d_out > NARROW_OUT))
 
 
 def cta_block_n(config: MosaicConfig) -> int:
   """Columns of W one CTA's token loop covers at a time: 2·block_n for the
   cooperative warp-specialized layout, else block_n."""
   return config.block_n * (config.compute_wgs if not config.ping_pong else 1)
+
+
+NARROW_OUT = 1024
+"""W with at most this many columns (the K and V projections of Llama-3.1-8B
+and Qwen3-14B) keeps x untransposed at every T (``MosaicConfig.default``)."""
 
 
 SMEM_BYTES = 227 * 1024
