@@ -119,3 +119,32 @@ def test_unrolled_init_from_the_scanned_twin_has_the_unrolled_tree(moments):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b[i]))
   assert cfg.n_layers >= 2
   assert got["forge_state"]["layers_1"]  # the fused layers' moments are there
+
+
+def test_unrolled_init_frees_each_stack_before_putting_its_layers(monkeypatch):
+  # The 8B init must not hold a stack twice on the device (stop 25: slicing
+  # on the device put the forge-bf16 init peak 3.77 GiB above the
+  # arguments). Each stack goes to the host and is deleted on the device
+  # before any of its layers is put back.
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from forge_jax.models import llama  # pylint: disable=g-import-not-at-top
+  cfg = llama.get_config("cpu-tiny", max_seq_len=16)
+  model = llama.Llama(cfg)
+  fetched, puts = [], []
+  real_get, real_put = jax.device_get, jax.device_put
+
+  def device_get(x):
+    fetched.append(x)
+    return real_get(x)
+
+  def device_put(x, *args, **kwargs):
+    puts.append(all(a.is_deleted() for a in fetched))
+    return real_put(x, *args, **kwargs)
+
+  monkeypatch.setattr(jax, "device_get", device_get)
+  monkeypatch.setattr(jax, "device_put", device_put)
+  got = memory_llama._unrolled_init(model, jax.random.key(0),
+                                    jnp.zeros((1, 16), jnp.int32))
+  n_stacks = len(jax.tree.leaves(got["params"]["layers_0"]))
+  assert len(fetched) == n_stacks and len(puts) == n_stacks * cfg.n_layers
+  assert all(puts)
