@@ -547,6 +547,51 @@ def _parse_peaks(text: str) -> tuple[float, float]:
   return flops, bw
 
 
+def _kernel_s(r):
+  """(kernel, seconds) of a row's summary columns: Mosaic where it was
+  timed, else Triton; (None, None) if neither was."""
+  if r.get("mosaic_s"):
+    return "mosaic", r["mosaic_s"]
+  if r.get("fused_s"):
+    return "triton", r["fused_s"]
+  return None, None
+
+
+def print_table_by_shape(rows, flops_peak: float, bw_peak: float) -> None:
+  """One line per (T, in→out, rule) with the modes side by side (in the
+  order the rows give them): floor, unfused, the kernel of
+  :func:`print_table`'s summary columns, kernel vs unfused, % of floor and
+  the SM clock, each "a / b / c" over the modes; torch where the rule is
+  AdamW and the row has it (fp32 only). A mode without a kernel time shows
+  "—"."""
+  groups = {}
+  for r in rows:
+    if "error" not in r:
+      groups.setdefault((*r["shape"], r["rule"]), []).append(r)
+  if not groups:
+    return
+  modes = " / ".join(dict.fromkeys(r["mode"] for g in groups.values() for r in g))
+  print(f"\nby shape ({modes}); floors from {flops_peak / 1e12:.0f} TFLOP/s, "
+        f"{bw_peak / 1e12:.2f} TB/s")
+  print("| T | in→out | optimizer | floor ms | unfused ms | torch ms | kernel ms | "
+        "vs unfused | % of floor | sm MHz |")
+  print("|---" * 10 + "|")
+  ms = lambda v: f"{v * 1e3:.3f}"  # noqa: E731
+  for (t, d_in, d_out, rule), g in groups.items():
+    floors = [max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak) for r in g]
+    ks = [_kernel_s(r)[1] for r in g]
+    torch_s = next((r["torch_adamw_s"] for r in g if r.get("torch_adamw_s")
+                    and (r["rule"], r["mode"]) == ("adamw", "fp32")), None)
+    cols = [[ms(f) for f in floors], [ms(r["unfused_s"]) for r in g],
+            [ms(torch_s)] if torch_s else [""],
+            [ms(k) if k else "—" for k in ks],
+            [f"{r['unfused_s'] / k:.2f}x" if k else "—" for r, k in zip(g, ks)],
+            [f"{f / k * 100:.0f}%" if k else "—" for f, k in zip(floors, ks)],
+            [str(r.get("sm_clock_mhz") or "?") for r in g]]
+    print(f"| {t} | {d_in}→{d_out} | {rule} | "
+          + " | ".join(" / ".join(c) for c in cols) + " |")
+
+
 def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
   """The markdown table of ``rows``, floors from the given peaks.
 
@@ -589,9 +634,8 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
         cells[name] = f"{ms(r[f'{key}_s'])} (err {r[f'{key}_rel_err' if key == 'mosaic' else 'rel_err']:.1e})"
       else:
         cells[name] = f"({r[f'{key}_error']})" if r.get(f"{key}_error") else ""
-    kernel = "mosaic" if r.get("mosaic_s") else "triton" if r.get("fused_s") else None
+    kernel, k_s = _kernel_s(r)
     if kernel:
-      k_s = r["mosaic_s" if kernel == "mosaic" else "fused_s"]
       summary = (f"{kernel} | {100 * floor / k_s:.0f}% | {r['unfused_s'] / k_s:.2f}x | "
                  + (f"{torch_s / k_s:.2f}x" if torch_s else "") + " | "
                  f"{2 * t * d_in * d_out / k_s / 1e12:.0f} | {r['bytes'] / k_s / 1e9:.0f}")
@@ -648,6 +692,9 @@ def main(argv=None):
   p.add_argument("--table-from", metavar="FILE",
                  help="print the table of an earlier run (its JSON, or the "
                  "log with one JSON row per line) instead of measuring")
+  p.add_argument("--by-shape", action="store_true",
+                 help="with --table-from: one line per shape, the modes side "
+                 "by side")
   p.add_argument("--peaks", metavar="FLOPS,BYTES_PER_S", default=NOMINAL_PEAKS,
                  help="the floor's peaks (default: the H200's nominal "
                  f"{NOMINAL_PEAKS}); 'measured': this run's (or, with "
@@ -660,12 +707,16 @@ def main(argv=None):
     else:  # a log: one row per line, the peaks on its "measured peaks" line
       rows, peaks = saved, _log_peaks(a.table_from)
     if a.peaks != "measured":
-      print_table(rows, *_parse_peaks(a.peaks), "given")
+      peaks, source = _parse_peaks(a.peaks), "given"
     elif peaks:
-      print_table(rows, *peaks, "measured in that run")
+      source = "measured in that run"
     else:
       raise SystemExit("--table-from: the log has no 'measured peaks' line; "
                        "give --peaks")
+    if a.by_shape:
+      print_table_by_shape(rows, *peaks)
+    else:
+      print_table(rows, *peaks, source)
     return rows
   if a.autotune and not a.triton:
     raise SystemExit("--autotune tunes the Triton kernel: not with --no-triton")

@@ -234,3 +234,26 @@ def test_state_barrier_refuses_a_repeated_set():
   with pytest.raises(SystemExit, match="--chain must be <= 3"):
     bench_fused_dw.main(["--barrier", "state", "--chain", "4", "--interpret",
                          "--shapes", "64:64x128"])
+
+
+def test_table_by_shape_puts_the_modes_side_by_side(tmp_path, capsys):
+  # Hand-made rows (one shape, two modes; the second without a kernel
+  # time): each cell is "first mode / second mode", from those rows.
+  base = dict(shape=[512, 4096, 1024], rule="adamw", xla_dw_s=1e-4,
+              torch_adamw_s=8e-5, timing="chain", chain=3)
+  rows = [dict(base, mode="fp32", unfused_s=5e-5, mosaic_s=4e-5,
+               bytes=4.3e8, sm_clock_mhz=1980),
+          dict(base, mode="int8", unfused_s=9e-5, bytes=4.3e7,
+               mosaic_error="refused")]
+  log = tmp_path / "bench.log"
+  log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  bench_fused_dw.main(["--table-from", str(log), "--peaks", "790e12,4.3e12",
+                       "--by-shape"])
+  out = capsys.readouterr().out
+  assert "by shape (fp32 / int8)" in out
+  floor_fp32 = max(2 * 512 * 4096 * 1024 / 790e12, 4.3e8 / 4.3e12)
+  floor_int8 = max(2 * 512 * 4096 * 1024 / 790e12, 4.3e7 / 4.3e12)
+  want = (f"| 512 | 4096→1024 | adamw | {floor_fp32 * 1e3:.3f} / "
+          f"{floor_int8 * 1e3:.3f} | 0.050 / 0.090 | 0.080 | 0.040 / — | "
+          f"1.25x / — | {floor_fp32 / 4e-5 * 100:.0f}% / — | 1980 / ? |")
+  assert want in out, out

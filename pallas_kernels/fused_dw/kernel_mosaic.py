@@ -284,11 +284,14 @@ class MosaicConfig:
     against 0.635 at T=2048, equal at 8192) except for W of at most
     ``NARROW_OUT`` columns, whose x is always read through the view: XLA's
     transpose is a pass over x, comparable there to the kernel's own
-    traffic (stop 25, same-run probe, 128×128 tiles, view against
+    traffic (stop 25, same-run probes, 128×128 tiles, view against
     transposed: 4096→1024 at T=2048 0.063 against 0.069 ms with fp32 W and
     states, 0.052 against 0.063 with bf16 W rounded stochastically and bf16
     states; 5120→1024 at T=8192 0.217 against 0.253 and 0.193 against
-    0.242); int8 states, 64×128 tiles with
+    0.242). Such W (fp32 or bf16 states) take this tile, not ping-pong,
+    at every T: 5120→1024 with bf16 W and states, 0.085 against ping-pong's
+    0.102 ms at T=2048 and 0.193 against 0.227 (4 stages) at T=8192; fp32,
+    0.217 against 0.216 at T=8192. int8 states, 64×128 tiles with
     4 stages (64×64 where 128 does not divide out; 0.470 ms at T=512
     against 1.293 for 128×128: the decode and encode do not fit in
     registers beside a 128×128 accumulator, presumably); bf16 below T=2048:
@@ -307,7 +310,7 @@ class MosaicConfig:
                    compute_wgs=2, ping_pong=True)
       return cls(block_m=64, block_n=128 if d_out % 128 == 0 else 64,
                  max_concurrent_steps=4)
-    if enough(128, 128):
+    if enough(128, 128) and d_out > NARROW_OUT:
       if narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=32, compute_wgs=2,
                    ping_pong=True)
@@ -329,7 +332,9 @@ def cta_block_n(config: MosaicConfig) -> int:
 
 NARROW_OUT = 1024
 """W with at most this many columns (the K and V projections of Llama-3.1-8B
-and Qwen3-14B) keeps x untransposed at every T (``MosaicConfig.default``)."""
+and Qwen3-14B), with fp32 or bf16 states, takes the one-warpgroup tile with
+x read through a transposed shared-memory view at every T
+(``MosaicConfig.default``)."""
 
 
 SMEM_BYTES = 227 * 1024
