@@ -290,8 +290,10 @@ class MosaicConfig:
     states; 5120→1024 at T=8192 0.217 against 0.253 and 0.193 against
     0.242). Such W (fp32 or bf16 states) take this tile, not ping-pong,
     at every T: 5120→1024 with bf16 W and states, 0.085 against ping-pong's
-    0.102 ms at T=2048 and 0.193 against 0.227 (4 stages) at T=8192; fp32,
-    0.217 against 0.216 at T=8192. int8 states, 64×128 tiles with
+    0.102 ms at T=2048 and, at T=8192, 0.193 against 0.227 for a 4-stage
+    ping-pong tile (the 5-stage default was not in that probe; it took
+    0.219 in the stop's table, another run); fp32, 0.217 against 0.216 at
+    T=8192. int8 states, 64×128 tiles with
     4 stages (64×64 where 128 does not divide out; 0.470 ms at T=512
     against 1.293 for 128×128: the decode and encode do not fit in
     registers beside a 128×128 accumulator, presumably); bf16 below T=2048:
