@@ -189,18 +189,25 @@ def step_args(args, n_flat: int):
 
 
 def _dw_chain(chain: int, barrier: str = "all"):
-  """jit of ``chain`` XLA dWs on rotating sets (``run(sets, (), ())``),
-  each behind a barrier with the previous one (``barrier`` as
-  :func:`chained`'s), all returned (an unused dW would be dropped)."""
+  """jit of ``chain`` XLA dWs on rotating sets (``run(sets, (), ())``), all
+  returned (an unused dW would be dropped). ``barrier='all'``: each dW's x
+  and dY behind a barrier with the previous dW; ``'state'``: nothing ties
+  them (the dWs are independent; XLA may order them as it likes), and a set
+  may not repeat (ValueError)."""
+  if barrier not in BARRIERS:
+    raise ValueError(f"barrier={barrier!r}: expected one of {BARRIERS}")
+
   def run(sets, carry, rest):
     del carry, rest
+    if barrier == "state" and chain > len(sets):
+      raise ValueError(f"barrier='state' with chain={chain} > {len(sets)} "
+                       "sets: a set would repeat, and XLA could compute its "
+                       "dW once")
     outs, prev = [], ()
     for i in range(chain):
       x, dy = sets[i % len(sets)]
       if barrier == "all":
         x, dy, prev = lax.optimization_barrier((x, dy, prev))
-      else:
-        prev = lax.optimization_barrier(prev)
       prev = weight_grad_reference(x, dy)
       outs.append(prev)
     return tuple(outs)
@@ -557,39 +564,60 @@ def _kernel_s(r):
   return None, None
 
 
+def _timing_line(rows) -> str:
+  """How ``rows`` were timed, as the tables' "timing:" line says it."""
+  timing = rows[0].get("timing", "call") if rows else "call"
+  torch_timing = ", ".join(sorted({r["torch_timing"] for r in rows
+                                   if r.get("torch_timing")}))
+  how = (f"{rows[0]['chain']} ops chained in one jitted call, median of rounds"
+         + (", x and dY outside the barriers"
+            if rows[0].get("barrier") == "state" else "")
+         if timing == "chain" else "one op per jitted call")
+  return f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else "")
+
+
 def print_table_by_shape(rows, flops_peak: float, bw_peak: float) -> None:
-  """One line per (T, in→out, rule) with the modes side by side (in the
-  order the rows give them): floor, unfused, the kernel of
-  :func:`print_table`'s summary columns, kernel vs unfused, % of floor and
-  the SM clock, each "a / b / c" over the modes; torch where the rule is
-  AdamW and the row has it (fp32 only). A mode without a kernel time shows
-  "—"."""
+  """One line per (T, in→out, rule) with the modes side by side: floor,
+  unfused, the kernel of :func:`print_table`'s summary columns, kernel vs
+  unfused, % of floor and the SM clock, each "a / b / c" over the modes of
+  the header (every mode any row has, in the rows' order); torch where the
+  rule is AdamW and the row has it (fp32 only). A mode with no row for a
+  shape, an error row, or no kernel time shows "—" in its place."""
+  modes = list(dict.fromkeys(r["mode"] for r in rows))
   groups = {}
   for r in rows:
-    if "error" not in r:
-      groups.setdefault((*r["shape"], r["rule"]), []).append(r)
+    groups.setdefault((*r["shape"], r["rule"]), {})[r["mode"]] = r
   if not groups:
     return
-  modes = " / ".join(dict.fromkeys(r["mode"] for g in groups.values() for r in g))
-  print(f"\nby shape ({modes}); floors from {flops_peak / 1e12:.0f} TFLOP/s, "
-        f"{bw_peak / 1e12:.2f} TB/s")
+  print(f"\nby shape ({' / '.join(modes)}); floors from {flops_peak / 1e12:.0f} "
+        f"TFLOP/s, {bw_peak / 1e12:.2f} TB/s")
+  print(_timing_line(rows))
   print("| T | in→out | optimizer | floor ms | unfused ms | torch ms | kernel ms | "
         "vs unfused | % of floor | sm MHz |")
   print("|---" * 10 + "|")
   ms = lambda v: f"{v * 1e3:.3f}"  # noqa: E731
-  for (t, d_in, d_out, rule), g in groups.items():
-    floors = [max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak) for r in g]
-    ks = [_kernel_s(r)[1] for r in g]
-    torch_s = next((r["torch_adamw_s"] for r in g if r.get("torch_adamw_s")
-                    and (r["rule"], r["mode"]) == ("adamw", "fp32")), None)
-    cols = [[ms(f) for f in floors], [ms(r["unfused_s"]) for r in g],
-            [ms(torch_s)] if torch_s else [""],
-            [ms(k) if k else "—" for k in ks],
-            [f"{r['unfused_s'] / k:.2f}x" if k else "—" for r, k in zip(g, ks)],
-            [f"{f / k * 100:.0f}%" if k else "—" for f, k in zip(floors, ks)],
-            [str(r.get("sm_clock_mhz") or "?") for r in g]]
+  for (t, d_in, d_out, rule), by_mode in groups.items():
+    cols = [[] for _ in range(6)]
+    torch_s = None
+    for mode in modes:
+      r = by_mode.get(mode)
+      if r is None or "error" in r:
+        for c in cols:
+          c.append("—")
+        continue
+      if r.get("torch_adamw_s") and (rule, mode) == ("adamw", "fp32"):
+        torch_s = r["torch_adamw_s"]
+      floor = max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak)
+      k = _kernel_s(r)[1]
+      cols[0].append(ms(floor))
+      cols[1].append(ms(r["unfused_s"]))
+      cols[2].append(ms(k) if k else "—")
+      cols[3].append(f"{r['unfused_s'] / k:.2f}x" if k else "—")
+      cols[4].append(f"{floor / k * 100:.0f}%" if k else "—")
+      cols[5].append(str(r.get("sm_clock_mhz") or "?"))
+    cells = [cols[0], cols[1], [ms(torch_s) if torch_s else ""], *cols[2:]]
     print(f"| {t} | {d_in}→{d_out} | {rule} | "
-          + " | ".join(" / ".join(c) for c in cols) + " |")
+          + " | ".join(" / ".join(c) for c in cells) + " |")
 
 
 def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
@@ -607,14 +635,7 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
   """
   print(f"\nfloor peaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 "
         f"matmul), {bw_peak / 1e12:.2f} TB/s")
-  timing = rows[0].get("timing", "call") if rows else "call"
-  torch_timing = ", ".join(sorted({r["torch_timing"] for r in rows
-                                   if r.get("torch_timing")}))
-  how = (f"{rows[0]['chain']} ops chained in one jitted call, median of rounds"
-         + (", x and dY outside the barriers"
-            if rows[0].get("barrier") == "state" else "")
-         if timing == "chain" else "one op per jitted call")
-  print(f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else ""))
+  print(_timing_line(rows))
   print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
         "torch AdamW ms | Triton ms | Mosaic ms | kernel | % of floor | "
         "vs unfused | vs torch | TFLOP/s | GB/s | xla dW TFLOP/s | sm MHz |")
@@ -706,6 +727,9 @@ def main(argv=None):
       rows, peaks = saved["rows"], (saved["peak_flops"], saved["peak_bw"])
     else:  # a log: one row per line, the peaks on its "measured peaks" line
       rows, peaks = saved, _log_peaks(a.table_from)
+    if not rows:
+      raise SystemExit(f"--table-from: {a.table_from} holds no rows (lines "
+                       "starting with {\"shape\")")
     if a.peaks != "measured":
       peaks, source = _parse_peaks(a.peaks), "given"
     elif peaks:
@@ -725,7 +749,11 @@ def main(argv=None):
   for name in ("reps", "chain", "rounds"):
     if getattr(a, name) < 1:
       raise SystemExit(f"--{name}: must be >= 1, got {getattr(a, name)}")
+  if a.by_shape:
+    raise SystemExit("--by-shape: only with --table-from")
   chain = a.chain if a.timing == "chain" else 0
+  if a.barrier == "state" and not chain:
+    raise SystemExit("--barrier: only with --timing chain")
   if a.barrier == "state" and chain > 3:
     raise SystemExit(f"--barrier state: --chain must be <= 3 (the input sets "
                      f"rotated), got {chain}")
@@ -782,7 +810,8 @@ def main(argv=None):
         floor = max(flops / flops_peak, r["bytes"] / bw_peak)
         rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor,
                          torch_adamw_s=t_torch, torch_timing=torch_timing,
-                         timing=a.timing, chain=chain, barrier=a.barrier,
+                         timing=a.timing, chain=chain,
+                         barrier=a.barrier if chain else None,
                          sm_clock_mhz=sm_clock_mhz(), **r))
         print(json.dumps(rows[-1]), flush=True)
 
@@ -794,7 +823,7 @@ def main(argv=None):
     json.dump({"peak_flops": measured[0], "peak_bw": measured[1],
                "floor_peaks": [flops_peak, bw_peak], "timing": a.timing,
                "chain": chain, "rounds": a.rounds, "reps": a.reps,
-               "barrier": a.barrier,
+               "barrier": a.barrier if chain else None,
                "device": jax.devices()[0].device_kind, "jax": jax.__version__,
                "python": platform.python_version(), "rows": rows}, f, indent=1)
   print(f"wrote {path}")

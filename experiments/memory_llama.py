@@ -153,6 +153,10 @@ def _unrolled_init(model, key, tokens):
       # moments, model variables) are all there by then: stop 25 saw the
       # 8B forge-bf16 init peak at the arguments + 3.77 GiB (one stacked
       # 4096×14336 leaf), above the step's own peak.
+      if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        for i in range(cfg.n_layers):  # keys have no numpy form (and are small)
+          per_layer[i].append(leaf[i])
+        continue
       device = next(iter(leaf.devices()))
       host = np.asarray(jax.device_get(leaf))
       leaf.delete()
@@ -386,7 +390,9 @@ def _layout_label(row: dict) -> str:
     label += f", {row['attention']} attention"
   if row.get("logits_dtype", "float32") != "float32":
     label += f", {row['logits_dtype'].replace('bfloat16', 'bf16')} logits"
-  if row.get("implementation"):  # fused variants since stop 15
+  if row.get("implementation") == "xla":  # no kernel: XLA's dW, then the update
+    label += ", update unfused in the backward (xla)"
+  elif row.get("implementation"):  # fused variants since stop 15
     label += f", {row['implementation']} kernel"
   if row.get("fused_embedding"):  # since stop 19
     label += ", ForgeEmbed"

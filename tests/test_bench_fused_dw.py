@@ -231,29 +231,60 @@ def test_state_barrier_refuses_a_repeated_set():
     run([(jnp.ones((2,)), jnp.ones((3,)))] * 3, (jnp.float32(0),), ())
   with pytest.raises(ValueError, match="barrier='none'"):
     bench_fused_dw.chained(lambda x, dy, c: (c,), 2, barrier="none")
+  with pytest.raises(ValueError, match="chain=4 > 3 sets"):
+    bench_fused_dw._dw_chain(4, "state")([(jnp.ones((2, 2)), jnp.ones((2, 3)))] * 3,
+                                         (), ())
   with pytest.raises(SystemExit, match="--chain must be <= 3"):
     bench_fused_dw.main(["--barrier", "state", "--chain", "4", "--interpret",
                          "--shapes", "64:64x128"])
+  with pytest.raises(SystemExit, match="--barrier: only with --timing chain"):
+    bench_fused_dw.main(["--barrier", "state", "--timing", "call",
+                         "--interpret", "--shapes", "64:64x128"])
+  with pytest.raises(SystemExit, match="--by-shape: only with --table-from"):
+    bench_fused_dw.main(["--by-shape", "--interpret", "--shapes", "64:64x128"])
 
 
 def test_table_by_shape_puts_the_modes_side_by_side(tmp_path, capsys):
-  # Hand-made rows (one shape, two modes; the second without a kernel
-  # time): each cell is "first mode / second mode", from those rows.
-  base = dict(shape=[512, 4096, 1024], rule="adamw", xla_dw_s=1e-4,
-              torch_adamw_s=8e-5, timing="chain", chain=3)
-  rows = [dict(base, mode="fp32", unfused_s=5e-5, mosaic_s=4e-5,
-               bytes=4.3e8, sm_clock_mhz=1980),
-          dict(base, mode="int8", unfused_s=9e-5, bytes=4.3e7,
-               mosaic_error="refused")]
+  # Hand-made rows: one shape with fp32 and int8 (int8 without a kernel
+  # time), another with fp32, a failed bf16 row and int8. Each cell lists
+  # the header's modes in its order, "—" where a mode has no row, failed or
+  # has no kernel time.
+  base = dict(rule="adamw", xla_dw_s=1e-4, torch_adamw_s=8e-5,
+              timing="chain", chain=3)
+  # "shape" first: a log's rows are its lines that start with {"shape".
+  a, b = dict(shape=[512, 4096, 1024], **base), dict(shape=[512, 4096, 4096], **base)
+  rows = [dict(a, mode="fp32", unfused_s=5e-5, mosaic_s=4e-5, bytes=4.3e8,
+               sm_clock_mhz=1980),
+          dict(a, mode="int8", unfused_s=9e-5, bytes=4.3e7,
+               mosaic_error="refused"),
+          dict(b, mode="fp32", unfused_s=2e-4, mosaic_s=1e-4, bytes=4.3e8,
+               sm_clock_mhz=1900),
+          dict(b, mode="bf16-sr-bf16", error="ValueError: x", bytes=float("nan")),
+          dict(b, mode="int8", unfused_s=3e-4, mosaic_s=2e-4, bytes=4.3e7,
+               sm_clock_mhz=1800)]
   log = tmp_path / "bench.log"
   log.write_text("".join(json.dumps(r) + "\n" for r in rows))
   bench_fused_dw.main(["--table-from", str(log), "--peaks", "790e12,4.3e12",
                        "--by-shape"])
   out = capsys.readouterr().out
-  assert "by shape (fp32 / int8)" in out
-  floor_fp32 = max(2 * 512 * 4096 * 1024 / 790e12, 4.3e8 / 4.3e12)
-  floor_int8 = max(2 * 512 * 4096 * 1024 / 790e12, 4.3e7 / 4.3e12)
-  want = (f"| 512 | 4096→1024 | adamw | {floor_fp32 * 1e3:.3f} / "
-          f"{floor_int8 * 1e3:.3f} | 0.050 / 0.090 | 0.080 | 0.040 / — | "
-          f"1.25x / — | {floor_fp32 / 4e-5 * 100:.0f}% / — | 1980 / ? |")
-  assert want in out, out
+  assert "by shape (fp32 / int8 / bf16-sr-bf16)" in out
+  assert "timing: 3 ops chained" in out
+  ms = lambda v: f"{v * 1e3:.3f}"  # noqa: E731
+  flop = lambda d_out: 2 * 512 * 4096 * d_out / 790e12  # noqa: E731
+  fa32, fa8 = max(flop(1024), 4.3e8 / 4.3e12), max(flop(1024), 4.3e7 / 4.3e12)
+  want_a = (f"| 512 | 4096→1024 | adamw | {ms(fa32)} / {ms(fa8)} / — | "
+            f"0.050 / 0.090 / — | 0.080 | 0.040 / — / — | 1.25x / — / — | "
+            f"{fa32 / 4e-5 * 100:.0f}% / — / — | 1980 / ? / — |")
+  fb32, fb8 = max(flop(4096), 4.3e8 / 4.3e12), max(flop(4096), 4.3e7 / 4.3e12)
+  want_b = (f"| 512 | 4096→4096 | adamw | {ms(fb32)} / {ms(fb8)} / — | "
+            f"0.200 / 0.300 / — | 0.080 | 0.100 / 0.200 / — | 2.00x / 1.50x / — | "
+            f"{fb32 / 1e-4 * 100:.0f}% / {fb8 / 2e-4 * 100:.0f}% / — | "
+            f"1900 / 1800 / — |")
+  assert want_a in out and want_b in out, out
+
+
+def test_table_from_a_log_without_rows_is_refused(tmp_path):
+  log = tmp_path / "bench.log"
+  log.write_text("measured peaks: 791 TFLOP/s (bf16 8192³ matmul), 4.16 TB/s\n")
+  with pytest.raises(SystemExit, match="holds no rows"):
+    bench_fused_dw.main(["--table-from", str(log), "--peaks", "measured"])

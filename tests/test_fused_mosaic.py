@@ -226,11 +226,16 @@ def test_default_config_fits_64_multiples(rng):
   # transposed by XLA from T=2048 on otherwise.
   for t in (512, 2048, 8192):
     for narrow in (False, True):
-      for d_in in (4096, 5120):  # 256 and 320 tiles of 128×128
+      for d_in in (4096, 5120):  # 256 and 320 tiles of 128×128: < 4 per SM
         assert MosaicConfig.default(t, d_in, 1024, narrow=narrow) == MosaicConfig(
-            transpose_x=False)  # one warpgroup, never ping-pong
+            transpose_x=False)  # one warpgroup, through the view
       assert MosaicConfig.default(t, 4096, 1024, narrow=narrow,
                                   interpret=True).transpose_x
+    # With four tiles per multiprocessor (14336→1024: 896) ping-pong as before.
+    assert MosaicConfig.default(t, 14336, 1024, narrow=True).compute_wgs == (
+        2 if t >= 2048 else 1)
+    assert MosaicConfig.default(t, 14336, 1024).compute_wgs == (
+        2 if t >= 8192 else 1)
   assert MosaicConfig.default(2048, 4096, 2048).transpose_x
   cfg = MosaicConfig.default(64, 192, 64)
   assert (cfg.block_m, cfg.block_n) == (64, 64)

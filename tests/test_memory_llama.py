@@ -85,6 +85,9 @@ def test_the_embedding_may_stay_unfused():
   assert not row["fused_embedding"] and row["loss"] == row["loss"]
   assert "ForgeEmbed" not in memory_llama._layout_label(row)
   assert "ForgeEmbed" in memory_llama._layout_label(dict(row, fused_embedding=True))
+  # implementation='xla' runs no kernel: the label says so.
+  xla = memory_llama._layout_label(dict(row, implementation="xla"))
+  assert "unfused in the backward" in xla and "kernel" not in xla
   with pytest.raises(ValueError, match="embedding='none'"):
     memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "unrolled", embedding="none")
 

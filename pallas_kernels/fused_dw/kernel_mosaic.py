@@ -288,12 +288,14 @@ class MosaicConfig:
     transposed: 4096→1024 at T=2048 0.063 against 0.069 ms with fp32 W and
     states, 0.052 against 0.063 with bf16 W rounded stochastically and bf16
     states; 5120→1024 at T=8192 0.217 against 0.253 and 0.193 against
-    0.242). Such W (fp32 or bf16 states) take this tile, not ping-pong,
-    at every T: 5120→1024 with bf16 W and states, 0.085 against ping-pong's
-    0.102 ms at T=2048 and, at T=8192, 0.193 against 0.227 for a 4-stage
-    ping-pong tile (the 5-stage default was not in that probe; it took
-    0.219 in the stop's table, another run); fp32, 0.217 against 0.216 at
-    T=8192. int8 states, 64×128 tiles with
+    0.242). Such W (fp32 or bf16 states) take ping-pong only with at least
+    four of its tiles per multiprocessor, not two: 5120→1024 (320 tiles,
+    2.4 per multiprocessor) with bf16 W and states took 0.085 ms on this
+    tile against ping-pong's 0.102 at T=2048, and at T=8192 0.196 against
+    0.227 for a 4-stage ping-pong tile (same probe; the 5-stage default
+    was not in it and took 0.219 in the stop's table, another run); fp32,
+    0.217 against 0.216 at T=8192 (wider inputs, with more tiles, were not
+    measured). int8 states, 64×128 tiles with
     4 stages (64×64 where 128 does not divide out; 0.470 ms at T=512
     against 1.293 for 128×128: the decode and encode do not fit in
     registers beside a 128×128 accumulator, presumably); bf16 below T=2048:
@@ -303,16 +305,16 @@ class MosaicConfig:
     0.321 in another, so the one-warpgroup tile stays."""
     pp = warp_specialized and not interpret
 
-    def enough(bm, bn):
+    def enough(bm, bn, per_sm=2):
       return (pp and d_in % bm == 0 and d_out % bn == 0
-              and (d_in // bm) * (d_out // bn) >= 2 * num_sms())
+              and (d_in // bm) * (d_out // bn) >= per_sm * num_sms())
     if int8_states:
       if t >= 8192 and enough(64, 128):
         return cls(block_m=64, block_n=128, max_concurrent_steps=5,
                    compute_wgs=2, ping_pong=True)
       return cls(block_m=64, block_n=128 if d_out % 128 == 0 else 64,
                  max_concurrent_steps=4)
-    if enough(128, 128) and d_out > NARROW_OUT:
+    if enough(128, 128, 2 if d_out > NARROW_OUT else 4):
       if narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=32, compute_wgs=2,
                    ping_pong=True)
@@ -334,9 +336,9 @@ def cta_block_n(config: MosaicConfig) -> int:
 
 NARROW_OUT = 1024
 """W with at most this many columns (the K and V projections of Llama-3.1-8B
-and Qwen3-14B), with fp32 or bf16 states, takes the one-warpgroup tile with
-x read through a transposed shared-memory view at every T
-(``MosaicConfig.default``)."""
+and Qwen3-14B), with fp32 or bf16 states, reads x through a transposed
+shared-memory view on the one-warpgroup tile at every T, and takes ping-pong
+only with at least four tiles per multiprocessor (``MosaicConfig.default``)."""
 
 
 SMEM_BYTES = 227 * 1024
