@@ -781,6 +781,10 @@ def main(argv=None):
   measured = measure_peaks(a.peak_size)
   print(f"measured peaks: {measured[0] / 1e12:.0f} TFLOP/s (bf16 {a.peak_size}³ "
         f"matmul), {measured[1] / 1e12:.2f} TB/s (fp32 pass)", flush=True)
+  if a.interpret:
+    print("--interpret: the kernels run in interpret mode on this host, so the "
+          "checks hold but the times, % of floor and speed-ups do not "
+          "describe a GPU", flush=True)
   flops_peak, bw_peak = given or measured
   rows = []
   for t, d_in, d_out in shapes:
