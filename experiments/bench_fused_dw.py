@@ -140,6 +140,20 @@ BARRIERS = ("all", "state")
 reaching the op directly (no set may then repeat within a chain)."""
 
 
+def _check_barrier(barrier: str) -> None:
+  if barrier not in BARRIERS:
+    raise ValueError(f"barrier={barrier!r}: expected one of {BARRIERS}")
+
+
+def _check_no_repeat(barrier: str, chain: int, sets) -> None:
+  """With x and dY outside the barriers, a set used twice in one chain could
+  have its dW computed once: refused."""
+  if barrier == "state" and chain > len(sets):
+    raise ValueError(f"barrier='state' with chain={chain} > {len(sets)} "
+                     "sets: a set would repeat, and XLA could compute its "
+                     "dW once")
+
+
 def chained(step, chain: int, per_op=None, barrier: str = "all"):
   """jit of ``chain`` applications of ``carry = step(x, dy, *carry,
   *rest_i)`` (``run(sets, carry, rest)``, carry donated), the i-th on
@@ -151,14 +165,10 @@ def chained(step, chain: int, per_op=None, barrier: str = "all"):
   also a repeated set's dW). ``barrier``: one of :data:`BARRIERS`; with
   ``'state'`` the call raises ValueError if ``chain`` exceeds the sets
   given (a repeated set's dW could be computed once)."""
-  if barrier not in BARRIERS:
-    raise ValueError(f"barrier={barrier!r}: expected one of {BARRIERS}")
+  _check_barrier(barrier)
 
   def run(sets, carry, rest):
-    if barrier == "state" and chain > len(sets):
-      raise ValueError(f"barrier='state' with chain={chain} > {len(sets)} "
-                       "sets: a set would repeat, and XLA could compute its "
-                       "dW once")
+    _check_no_repeat(barrier, chain, sets)
     carry = tuple(carry)
     for i in range(chain):
       x, dy = sets[i % len(sets)]
@@ -194,15 +204,11 @@ def _dw_chain(chain: int, barrier: str = "all"):
   and dY behind a barrier with the previous dW; ``'state'``: nothing ties
   them (the dWs are independent; XLA may order them as it likes), and a set
   may not repeat (ValueError)."""
-  if barrier not in BARRIERS:
-    raise ValueError(f"barrier={barrier!r}: expected one of {BARRIERS}")
+  _check_barrier(barrier)
 
   def run(sets, carry, rest):
     del carry, rest
-    if barrier == "state" and chain > len(sets):
-      raise ValueError(f"barrier='state' with chain={chain} > {len(sets)} "
-                       "sets: a set would repeat, and XLA could compute its "
-                       "dW once")
+    _check_no_repeat(barrier, chain, sets)
     outs, prev = [], ()
     for i in range(chain):
       x, dy = sets[i % len(sets)]
