@@ -549,6 +549,13 @@ def sm_clock_mhz() -> int | None:
     return None
 
 
+def floor_s(t: int, d_in: int, d_out: int, moved: float, flops_peak: float,
+            bw_peak: float) -> float:
+  """The op's floor in seconds: max(2·T·in·out / FLOP/s, bytes that must
+  move / bytes/s)."""
+  return max(2 * t * d_in * d_out / flops_peak, moved / bw_peak)
+
+
 def _parse_peaks(text: str) -> tuple[float, float]:
   try:
     flops, bw = (float(v) for v in text.split(","))
@@ -613,7 +620,7 @@ def print_table_by_shape(rows, flops_peak: float, bw_peak: float) -> None:
         continue
       if r.get("torch_adamw_s") and (rule, mode) == ("adamw", "fp32"):
         torch_s = r["torch_adamw_s"]
-      floor = max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak)
+      floor = floor_s(t, d_in, d_out, r["bytes"], flops_peak, bw_peak)
       k = _kernel_s(r)[1]
       cols[0].append(ms(floor))
       cols[1].append(ms(r["unfused_s"]))
@@ -653,7 +660,7 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
     if "error" in r:
       print(head + " |" * 13 + f" {r['error']} |")
       continue
-    floor = max(2 * t * d_in * d_out / flops_peak, r["bytes"] / bw_peak)
+    floor = floor_s(t, d_in, d_out, r["bytes"], flops_peak, bw_peak)
     torch_s = r["torch_adamw_s"] if (r["rule"], r["mode"]) == ("adamw", "fp32") else None
     cells = {}
     for name, key in (("triton", "fused"), ("mosaic", "mosaic")):
@@ -799,7 +806,6 @@ def main(argv=None):
              jax.random.normal(jax.random.fold_in(key, 2 * i + 1), (t, d_out),
                                jnp.bfloat16))
             for i in range(3)]
-    flops = 2 * t * d_in * d_out
     if chain:
       t_dw = _time_chained(_dw_chain(chain, a.barrier), sets, (), (), a.reps, chain,
                            a.rounds, feed_back=False)
@@ -817,7 +823,7 @@ def main(argv=None):
         except Exception as e:  # reported, not hidden: the table shows it
           r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
                    f"{str(e)[:200]}", bytes=float("nan"))
-        floor = max(flops / flops_peak, r["bytes"] / bw_peak)
+        floor = floor_s(t, d_in, d_out, r["bytes"], flops_peak, bw_peak)
         rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor,
                          torch_adamw_s=t_torch, torch_timing=torch_timing,
                          timing=a.timing, chain=chain,

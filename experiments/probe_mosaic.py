@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from experiments.bench_fused_dw import CHECK_LEARNING_RATE, _Variant
-from experiments.bench_fused_dw import _flat, _unflat, own_seed, step_args
+from experiments.bench_fused_dw import _flat, _unflat, floor_s, own_seed
+from experiments.bench_fused_dw import step_args
 from forge_jax.rules import ADAMW
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import MosaicConfig
@@ -183,7 +184,7 @@ def main(argv=None):
       states = (2 * (1 + 4 / quantization.BLOCK_SIZE) if mode.startswith("int8")
                 else 2 * jnp.dtype(dtype).itemsize)
       moved = 2 * t * (d_in + d_out) + 2 * d_in * d_out * (size + states)
-      floor = max(2 * t * d_in * d_out / 790e12, moved / 4.3e12)
+      floor = floor_s(t, d_in, d_out, moved, 790e12, 4.3e12)
       lines.append(f"## T={t} {d_in}x{d_out} {mode} floor (H200) {floor * 1e3:.3f} ms | "
                    + " | ".join(f"{k} {v * 1e3:.3f} ({floor / v * 100:.0f}%)"
                                 for k, v in times.items()))
