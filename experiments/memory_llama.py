@@ -143,11 +143,9 @@ def _unrolled_init(model, key, tokens):
     out[coll] = tree
     if layers is None:
       continue
-    block = layers["block"]
-    paths = jax.tree_util.tree_flatten_with_path(block)[0]
-    treedef = jax.tree.structure(block)
+    leaves, treedef = jax.tree.flatten(layers["block"])
     per_layer = [[] for _ in range(cfg.n_layers)]
-    for _, leaf in paths:
+    for leaf in leaves:
       # Through the host: sliced on the device, a stack would be held twice
       # while its slices are made. The model's other stacks (e.g. FORGE's
       # moments, model variables) are all there by then: stop 25 saw the
