@@ -30,6 +30,7 @@ from experiments.bench_fused_dw import CHECK_LEARNING_RATE, _Variant
 from experiments.bench_fused_dw import _flat, _unflat, floor_s, own_seed
 from experiments.bench_fused_dw import step_args
 from forge_jax.rules import ADAMW
+from forge_jax.rules import SGD
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import MosaicConfig
 from pallas_kernels.fused_dw import fused_dw_update
@@ -77,6 +78,22 @@ CONFIGS = {
     "PP_n128s4e32x4a3": C(128, 128, 64, 4, epi_n=32, epi_slots=4, epi_ahead=3,
                           compute_wgs=2, ping_pong=True),
     "PP_m64n128s5": C(64, 128, 64, 5, compute_wgs=2, ping_pong=True),
+    # stop 26: the epilogue's loads in flight (bf16 W and states: a 64×64
+    # sub-tile is 8 KiB per array, half the fp32 one). E = early_epilogue.
+    "m128n128t64s3E": C(128, 128, 64, 3, early_epilogue=True),
+    "m128n128t64s3e128": C(128, 128, 64, 3, epi_n=128),
+    "m128n128t64s3e128E": C(128, 128, 64, 3, epi_n=128, early_epilogue=True),
+    "m128n128t64s3x3": C(128, 128, 64, 3, epi_slots=3),
+    "m128n128t64s3x4a3": C(128, 128, 64, 3, epi_slots=4, epi_ahead=3),
+    "m128n128t64s3x4a4": C(128, 128, 64, 3, epi_slots=4, epi_ahead=4),
+    "m64n128t64s2": C(64, 128, 64, 2),
+    "m64n128t64s4e128": C(64, 128, 64, 4, epi_n=128),
+    "PP_n128s4a1": C(128, 128, 64, 4, epi_ahead=1, compute_wgs=2, ping_pong=True),
+    "PP_n128s2x3": C(128, 128, 64, 2, epi_slots=3, compute_wgs=2, ping_pong=True),
+    "PP_n128s2x3a3": C(128, 128, 64, 2, epi_slots=3, epi_ahead=3,
+                       compute_wgs=2, ping_pong=True),
+    "PP_n128s3e32x3": C(128, 128, 64, 3, epi_slots=3, epi_n=32, compute_wgs=2,
+                        ping_pong=True),
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
@@ -101,6 +118,9 @@ def main(argv=None):
                  "(per round with --chain)")
   p.add_argument("--chain", type=int, default=3,
                  help="ops chained in one jitted call (0: one per call)")
+  p.add_argument("--rule", choices=("adamw", "sgd"), default="adamw",
+                 help="the optimizer: sgd has no state, so its kernel is "
+                 "nearly the token loop alone (W read and written)")
   p.add_argument("--interpret", action="store_true",
                  help="interpret mode on the CPU (correctness only; the floor "
                  "and times are meaningless there)")
@@ -111,8 +131,10 @@ def main(argv=None):
   for n in names:
     if n not in CONFIGS:
       raise SystemExit(f"--configs: {n!r} is not one of {list(CONFIGS)}")
-  hp = ADAMW.pack(HP, 7)
-  hp_check = ADAMW.pack(dict(HP, learning_rate=CHECK_LEARNING_RATE), 7)
+  rule = ADAMW if a.rule == "adamw" else SGD
+  hp_values = {n: HP[n] for n in rule.hyperparam_names}
+  hp = rule.pack(hp_values, 7)
+  hp_check = rule.pack(dict(hp_values, learning_rate=CHECK_LEARNING_RATE), 7)
   print(jax.__version__, jax.devices()[0].device_kind, flush=True)
   lines = []
   for spec in a.shapes.split(","):
@@ -139,7 +161,7 @@ def main(argv=None):
             ** 2).astype(dtype)
       if mode.startswith("int8"):
         mu, nu = quantization.quantize(mu, False), quantization.quantize(nu, True)
-      like = (mu, nu)
+      like = (mu, nu) if rule is ADAMW else ()
 
       def make_step(impl, cfg=None):
         n_flat = len(_flat(w, like))
@@ -148,10 +170,10 @@ def main(argv=None):
           flat, hp_, seed = step_args(args, n_flat)
           w_, st = _unflat(flat, like)
           if impl == "xla":
-            nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=ADAMW,
+            nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=rule,
                                                seed=seed)
           else:
-            nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=ADAMW,
+            nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=rule,
                                      implementation=impl, config=cfg,
                                      interpret=a.interpret, in_place=True,
                                      seed=seed)
@@ -181,11 +203,12 @@ def main(argv=None):
           print(f"T={t} {d_in}x{d_out} {mode} {name}: ERROR {type(e).__name__}: "
                 f"{str(e)[:300]}", flush=True)
       size = jnp.dtype(w.dtype).itemsize
-      states = (2 * (1 + 4 / quantization.BLOCK_SIZE) if mode.startswith("int8")
+      states = (0 if not like else
+                2 * (1 + 4 / quantization.BLOCK_SIZE) if mode.startswith("int8")
                 else 2 * jnp.dtype(dtype).itemsize)
       moved = 2 * t * (d_in + d_out) + 2 * d_in * d_out * (size + states)
       floor = floor_s(t, d_in, d_out, moved, 790e12, 4.3e12)
-      lines.append(f"## T={t} {d_in}x{d_out} {mode} floor (H200) {floor * 1e3:.3f} ms | "
+      lines.append(f"## T={t} {d_in}x{d_out} {mode} {a.rule} floor (H200) {floor * 1e3:.3f} ms | "
                    + " | ".join(f"{k} {v * 1e3:.3f} ({floor / v * 100:.0f}%)"
                                 for k, v in times.items()))
   print("\n".join(lines))

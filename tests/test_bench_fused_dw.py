@@ -133,6 +133,18 @@ def test_mosaic_tile_probe_checks_int8_states_before_timing(capsys):
     probe_mosaic.main(["--configs", "nope", "--interpret"])
 
 
+def test_mosaic_tile_probe_runs_sgd_without_states(capsys):
+  # --rule sgd: no optimizer state; the kernel is checked, then timed.
+  from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
+  lines = probe_mosaic.main(["--shapes", "64:128x128", "--modes", "bf16-sr",
+                             "--configs", "m128n128t64s3x3", "--reps", "1",
+                             "--rule", "sgd", "--interpret"])
+  out = capsys.readouterr().out
+  assert "bf16-sr m128n128t64s3x3:" in out
+  assert "WRONG" not in out and "ERROR" not in out
+  assert len(lines) == 1 and " sgd floor" in lines[0]
+
+
 def test_chained_applies_each_op_in_turn_on_rotating_sets():
   # chained(step, k) is k applications of step, the i-th on sets[i % n].
   sets = [(jnp.full((2,), float(i + 1)), jnp.full((3,), 10.0 * (i + 1)))
