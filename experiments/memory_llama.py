@@ -36,8 +36,13 @@ per-block rematerialization (``remat``).
     python -m experiments.memory_llama --attention cudnn  # flash attention
     python -m experiments.memory_llama --logits-dtype float32  # fp32 logits
     python -m experiments.memory_llama --peak-report  # what fills the peak
+    # do two layouts / kernels train alike? (2 blocks at full width)
+    python -m experiments.memory_llama --layers 2 --movement --steps 4 \
+        --optimizers forge-bf16 --layouts scan+remat,unrolled+remat
 
-Prints one markdown table last and writes JSON to ``--out``.
+Prints one markdown table, each row's loss per step (and with ``--movement``
+each param's movement per layer, row beside row) and writes JSON to
+``--out``.
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ def child_env() -> dict:
   return env
 
 
-def _unrolled_init(model, key, tokens):
+def _unrolled_init(model, key, tokens, how: dict | None = None):
   """``model.init`` of an unrolled Llama, built from its scanned twin.
 
   Initializing the unrolled 8B model directly took 80-125 s on the H200
@@ -128,7 +133,8 @@ def _unrolled_init(model, key, tokens):
   unrolled init's tree, shapes and dtypes exactly (checked against
   ``jax.eval_shape``; if they differ, the unrolled init runs instead). The
   row's ``init_peak_bytes`` is this path's (rows before stop 24: the
-  direct init's)."""
+  direct init's). ``how``, if given, gets ``how['init']``: 'scanned twin'
+  or, after that fallback, 'direct'."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -171,15 +177,32 @@ def _unrolled_init(model, key, tokens):
     print("unrolled init from the scanned one: tree differs, initializing "
           "directly", flush=True)
     del out
+    if how is not None:
+      how["init"] = "direct"
     return jax.jit(model.init)(key, tokens)
+  if how is not None:
+    how["init"] = "scanned twin"
   return out
 
 
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
             logits_dtype: str = "float32", implementation: str = "auto",
-            embedding: str = "fused", profile: bool = False) -> dict:
+            embedding: str = "fused", profile: bool = False,
+            layers: int = 0, movement: bool = False) -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
+
+  ``layers`` > 0 builds the preset with that many blocks (every width, the
+  vocabulary and the head as published; the output projections' init
+  scale follows the block count, so these are not the whole model's first
+  blocks): a quick check of a full-width model's step, such as whether two
+  layouts or implementations train alike (the row's ``losses``, one per
+  step). The row's ``init`` says how the variables were made ('scanned
+  twin' for an unrolled model built from its scanned twin, else 'direct'). ``movement`` adds each
+  param's mean |new - initial| per layer after the steps (``movement``,
+  keyed as :func:`layer_leaves`; the initial params are copied to the host
+  first), which such variants share up to rounding: an update applied
+  twice, or lost, shows there.
 
   With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
   tensor parallelism, ``LlamaConfig.tensor_parallel_axis``): the model is
@@ -204,6 +227,11 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
       param_dtype=jnp.bfloat16, attention=attention,
       logits_dtype=jnp.dtype(logits_dtype),
       tensor_parallel_axis="model" if tp > 1 and optimizer != "optax" else None)
+  if not 0 <= layers <= cfg.n_layers:
+    raise ValueError(f"layers={layers} must be in [0, {cfg.n_layers}] "
+                     f"(0: all of {model_name}'s blocks)")
+  if layers:
+    cfg = dataclasses.replace(cfg, n_layers=layers)
   mesh = None
   if tp > 1:
     if optimizer == "optax":
@@ -246,13 +274,14 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     print(f"{PHASE} {name} {phases[name]:.1f}", flush=True)
 
   init_key = jax.random.key(0)
+  init_how = {"init": "direct"}  # unrolled: from the scanned twin if it can
   if mesh is not None:  # straight into the shards: no whole copy on a device
     shapes = jax.eval_shape(model.init, init_key, batch[0])
     variables = jax.jit(model.init, out_shardings=jax.tree.map(
         lambda s: jax.sharding.NamedSharding(mesh, s),
         llama.tensor_parallel_specs(shapes, "model")))(init_key, batch[0])
   elif not cfg.scan_layers:
-    variables = _unrolled_init(model, init_key, batch[0])
+    variables = _unrolled_init(model, init_key, batch[0], how=init_how)
   else:
     variables = jax.jit(model.init)(init_key, batch[0])
   state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
@@ -295,19 +324,29 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   state_bytes = sum(x.nbytes for x in jax.tree.leaves(
       (state.opt_state, state.forge_state)))
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(state.params))
-  times = []
+  initial = layer_leaves(jax.device_get(state.params)) if movement else None
+  times, losses = [], []
   for i in range(steps):
     t0 = time.perf_counter()
     with in_mesh():
       state, m = step(state, batch)
     jax.block_until_ready(m["loss"])
     times.append(time.perf_counter() - t0)
+    losses.append(float(m["loss"]))
     if not np.isfinite(float(m["loss"])):
       raise FloatingPointError(f"loss {float(m['loss'])} at step {i}")
   median = float(np.median(times[2:] or times))
   # Peak and loss as of the timed steps (the profiled one comes after).
   peak, loss = peak_bytes(), float(m["loss"])
-  extra = {}
+  extra = dict(init_how)
+  if layers:
+    extra["n_layers"] = layers
+  if movement:  # after the timed steps, before a profiled one
+    final = layer_leaves(jax.device_get(state.params))
+    extra["movement"] = {k: float(np.mean(np.abs(
+        final[k].astype(np.float32) - initial[k].astype(np.float32))))
+        for k in initial}
+    del final
   if profile:  # one more step under the profiler: device time by kernel kind
     trace_dir = tempfile.mkdtemp(prefix="forge_jax_trace_")
     try:
@@ -326,12 +365,81 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=peak, step_s=median,
-              tokens_per_s=tokens / median, loss=loss,
+              tokens_per_s=tokens / median, loss=loss, losses=losses,
               compile_s=phases["compile"], init_s=phases["init"],
               lower_s=phases["lower"],
               init_peak_bytes=init_peak,
               device=jax.devices()[0].device_kind, jax=jax.__version__,
               **extra)
+
+
+def layer_leaves(params) -> dict:
+  """``params`` flattened to 'a/b/c' keys that name a layer the same way in
+  every layout: a scanned stack's 'layers/block/P' is split along its
+  first axis into 'layers[i]/P', an unrolled 'layers_i/P' becomes
+  'layers[i]/P'; other leaves keep their path."""
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  out = {}
+  for k, v in traverse_util.flatten_dict(dict(params)).items():
+    if k[:2] == ("layers", "block"):
+      for i in range(v.shape[0]):
+        out["/".join((f"layers[{i}]",) + k[2:])] = v[i]
+    elif k[0].startswith("layers_") and k[0][7:].isdigit():
+      out["/".join((f"layers[{int(k[0][7:])}]",) + k[1:])] = v
+    else:
+      out["/".join(k)] = v
+  return out
+
+
+def print_movements(rows) -> None:
+  """``--movement``: each param's mean |new - initial| per row, side by
+  side, marked where it differs from the first row's by over 5% (with the
+  ratio) or where one of the two is 0 and the other is not."""
+  rows = [r for r in rows if "movement" in r]
+  if not rows:
+    return
+  keys = list(dict.fromkeys(k for r in rows for k in r["movement"]))
+  print("\nmean |new - initial| per param after the steps (× the first "
+        "row's where it differs by over 5%):")
+  print("| param | " + " | ".join(
+      f"{i + 1}: T={r['tokens']} {r['optimizer']} {r['layout']} "
+      f"{r.get('implementation') or ''}".strip() for i, r in enumerate(rows)) + " |")
+  print("|---|" + "---|" * len(rows))
+  for k in keys:
+    ref = rows[0]["movement"].get(k)
+    cells = []
+    for r in rows:
+      v = r["movement"].get(k)
+      if v is None:
+        cells.append("—")
+      elif ref is None or r is rows[0]:
+        cells.append(f"{v:.3e}")
+      elif ref == 0:
+        cells.append(f"{v:.3e}" + (" (first row: 0)" if v else ""))
+      else:
+        off = abs(v / ref - 1) > 0.05
+        cells.append(f"{v:.3e}" + (f" (×{v / ref:.2f})" if off else ""))
+    print(f"| {k} | " + " | ".join(cells) + " |")
+
+
+def _model_label(row: dict) -> str:
+  """The preset's name, with its block count where ``--layers`` cut it."""
+  n = row.get("n_layers")
+  return row["model"] + (f" ({n} layer{'s' if n > 1 else ''})" if n else "")
+
+
+def print_losses(rows) -> None:
+  """Each measured row's loss per step (rows before stop 26: the last only),
+  to compare variants that should train alike (same model, init and batch:
+  a layout, the kernel implementation)."""
+  rows = [r for r in rows if "error" not in r]
+  if not rows:
+    return
+  print("\nloss per step (every row: init key 0, batch key 1):")
+  for r in rows:
+    losses = r.get("losses") or [r["loss"]]
+    print(f"  {_model_label(r)} T={r['tokens']} {r['optimizer']} "
+          f"{_layout_label(r)}: " + " ".join(f"{v:.4f}" for v in losses))
 
 
 def print_profiles(rows) -> None:
@@ -403,7 +511,7 @@ def print_table(rows: list[dict]) -> None:
   Bytes are per device (with ``tp`` > 1 the largest device's peak and
   arguments) except "params" and "opt state", which are the totals.
   """
-  models = sorted({r["model"] for r in rows})
+  models = sorted({_model_label(r) for r in rows})
   print(f"\n{', '.join(models)}: batch 1 × T tokens, bf16 params and compute")
   print("| model | TP | T | optimizer | layout | args GiB | temp GiB | alias GiB | live peak GiB | "
         "params GiB | opt state GiB | peak - args GiB | init peak GiB | "
@@ -412,7 +520,7 @@ def print_table(rows: list[dict]) -> None:
   for r in rows:
     layout = _layout_label(r)
     if "error" in r:
-      print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
+      print(f"| {_model_label(r)} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
             f"{layout} | {r['error']} | | | | | | | | | | |")
       continue
     g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
@@ -420,7 +528,7 @@ def print_table(rows: list[dict]) -> None:
     # weights, optimizer state and batch): activations and temporaries.
     rest = ("n/a" if r.get("peak_bytes") is None else
             f"{(r['peak_bytes'] - r['argument_size_in_bytes']) / GiB:.2f}")
-    print(f"| {r['model']} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | {layout} | "
+    print(f"| {_model_label(r)} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | {layout} | "
           f"{g('argument_size_in_bytes')} | {g('temp_size_in_bytes')} | "
           f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
           f"{g('optimizer_state_bytes')} | {rest} | {g('init_peak_bytes')} | "
@@ -445,6 +553,14 @@ def main(argv=None):
   p.add_argument("--layouts", default="unrolled+remat,scan+remat",
                  help=f"comma-separated, from {list(LAYOUTS)} (default: %(default)s)")
   p.add_argument("--steps", type=int, default=6)
+  p.add_argument("--movement", action="store_true",
+                 help="add each param's mean |new - initial| per layer to the "
+                 "row and print them side by side (variants that should "
+                 "train alike; copies the params to the host first)")
+  p.add_argument("--layers", type=int, default=0,
+                 help="build the model with this many blocks, at most the "
+                 "preset's (0: all); the widths, vocabulary and head stay the "
+                 "preset's")
   p.add_argument("--tp", type=int, default=1,
                  help="tensor parallelism over this many GPUs (fused variants)")
   p.add_argument("--attention", default="einsum",
@@ -488,6 +604,8 @@ def main(argv=None):
     rows = [r for path in a.table_from
             for r in _runs.read_json_or_log(path, '{"model"')]
     print_table(rows)
+    print_losses(rows)
+    print_movements(rows)
     print_profiles(rows)
     return rows
   if a.one:
@@ -495,7 +613,7 @@ def main(argv=None):
     print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
                                          a.tp, a.attention, a.logits_dtype,
                                          a.implementation, a.embedding,
-                                         a.profile)))
+                                         a.profile, a.layers, a.movement)))
     return None
   rows = []
   stamp = int(time.time())  # names this run's files
@@ -509,8 +627,11 @@ def main(argv=None):
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
                "--attention", a.attention, "--logits-dtype", a.logits_dtype,
                "--implementation", a.implementation, "--embedding", a.embedding,
+               "--layers", str(a.layers),
+               *(["--movement"] if a.movement else []),
                "--one", f"{t}:{opt}:{layout}"] + (["--profile"] if a.profile else [])
         variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
+                       **({"n_layers": a.layers} if a.layers else {}),
                        tp=a.tp, attention=a.attention,
                        logits_dtype=a.logits_dtype,
                        implementation=None if opt == "optax" else a.implementation)
@@ -544,6 +665,8 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
   print_table(rows)
+  print_losses(rows)
+  print_movements(rows)
   print_profiles(rows)
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, f"memory_{a.model}_{stamp}.json")

@@ -92,6 +92,71 @@ def test_the_embedding_may_stay_unfused():
     memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "unrolled", embedding="none")
 
 
+def test_layer_leaves_name_a_layer_alike_in_every_layout():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  stacked = {"layers": {"block": {"attn": {"q_proj": {"kernel": np.arange(6.).reshape(2, 3)}}}},
+             "norm": {"scale": np.ones(3)}}
+  unrolled = {"layers_0": {"attn": {"q_proj": {"kernel": np.arange(3.)}}},
+              "layers_1": {"attn": {"q_proj": {"kernel": np.arange(3., 6.)}}},
+              "norm": {"scale": np.ones(3)}}
+  a, b = memory_llama.layer_leaves(stacked), memory_llama.layer_leaves(unrolled)
+  assert sorted(a) == sorted(b) == ["layers[0]/attn/q_proj/kernel",
+                                    "layers[1]/attn/q_proj/kernel", "norm/scale"]
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys):
+  # --layers keeps that many blocks at the preset's widths; each row records
+  # its loss per step, which scanned and unrolled layouts of one model share
+  # (same init through the scanned twin, same batch): fp32 rounding apart.
+  rows = [memory_llama.run_one("cpu-tiny", 16, "forge-int8", layout, steps=3,
+                               layers=1, movement=True)
+          for layout in ("scan+remat", "unrolled")]
+  for row in rows:
+    assert row["n_layers"] == 1 and len(row["losses"]) == 3
+    assert row["losses"][-1] == row["loss"] and row["losses"][2] < row["losses"][0]
+  assert rows[0]["losses"] == pytest.approx(rows[1]["losses"], rel=1e-4)
+  # Every param's movement, per layer, under one key in both layouts.
+  moved = rows[0]["movement"]
+  assert set(moved) == set(rows[1]["movement"])
+  assert "layers[0]/attn/q_proj/kernel" in moved and "lm_head/kernel" in moved
+  assert moved["layers[0]/attn/q_proj/kernel"] > 0
+  for k, v in moved.items():
+    assert rows[1]["movement"][k] == pytest.approx(v, rel=2e-2, abs=1e-9), k
+  full = memory_llama.run_one("cpu-tiny", 16, "forge-int8", "unrolled", steps=1)
+  assert "n_layers" not in full and full["params"] > rows[0]["params"]
+  capsys.readouterr()
+  memory_llama.print_table(rows)
+  memory_llama.print_losses(rows + [dict(rows[0], error="timeout")])
+  out = capsys.readouterr().out
+  assert "| cpu-tiny (1 layer) |" in out
+  losses = [l for l in out.splitlines() if l.startswith("  cpu-tiny (1 layer) T=16")]
+  assert len(losses) == 2 and losses[0].endswith(
+      " ".join(f"{v:.4f}" for v in rows[0]["losses"]))
+  # The unrolled variables came from the scanned twin (the same weights).
+  assert rows[1]["init"] == "scanned twin" and rows[0]["init"] == "direct"
+  # A doubled update, a lost one in the first row, a param only the second
+  # row has: each marked.
+  first = dict(moved, **{"norm/scale": 0.0})
+  second = dict(moved, **{"lm_head/kernel": 2 * moved["lm_head/kernel"],
+                          "norm/scale": 1e-4, "extra/kernel": 1.0})
+  memory_llama.print_movements([dict(rows[0], movement=first),
+                                dict(rows[1], movement=second)])
+  table = capsys.readouterr().out.splitlines()
+  head = [l for l in table if l.startswith("| lm_head/kernel |")]
+  assert len(head) == 1 and head[0].endswith("(×2.00) |")
+  norm = [l for l in table if l.startswith("| norm/scale |")]
+  assert len(norm) == 1 and norm[0].endswith("(first row: 0) |")
+  extra = [l for l in table if l.startswith("| extra/kernel |")]
+  assert len(extra) == 1 and extra[0].startswith("| extra/kernel | — | 1.000e+00")
+  q = [l for l in table if l.startswith("| layers[0]/attn/q_proj/kernel |")]
+  assert len(q) == 1 and "×" not in q[0]
+  for bad in (-1, 99):
+    with pytest.raises(ValueError, match=f"layers={bad} must be in \\[0, "):
+      memory_llama.run_one("cpu-tiny", 16, "forge-int8", "unrolled", layers=bad)
+
+
 @pytest.mark.parametrize("moments", ["int8", "bfloat16"])
 def test_unrolled_init_from_the_scanned_twin_has_the_unrolled_tree(moments):
   # memory_llama builds an unrolled model's variables by slicing its scanned
