@@ -220,6 +220,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
 
   import forge_jax as fj
   from forge_jax.models import llama
+  from pallas_kernels import fused_dw
 
   cfg = llama.get_config(
       model_name, max_seq_len=max(tokens, 8), remat="remat" in layout,
@@ -361,6 +362,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               optimizer=optimizer, layout=layout, tp=tp, attention=attention,
               logits_dtype=logits_dtype,
               implementation=None if optimizer == "optax" else implementation,
+              resolved_implementation=None if optimizer == "optax" else
+              fused_dw.resolve_implementation(implementation),
               fused_embedding=embed is not None,
               **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
@@ -398,7 +401,7 @@ def print_movements(rows) -> None:
   rows = [r for r in rows if "movement" in r]
   if not rows:
     return
-  keys = list(dict.fromkeys(k for r in rows for k in r["movement"]))
+  keys = sorted({k for r in rows for k in r["movement"]})
   print("\nmean |new - initial| per param after the steps (× the first "
         "row's where it differs by over 5%):")
   print("| param | " + " | ".join(
@@ -496,7 +499,9 @@ def _layout_label(row: dict) -> str:
     label += f", {row['attention']} attention"
   if row.get("logits_dtype", "float32") != "float32":
     label += f", {row['logits_dtype'].replace('bfloat16', 'bf16')} logits"
-  if row.get("implementation") == "xla":  # no kernel: XLA's dW, then the update
+  if row.get("implementation") == "xla" or (
+      row.get("implementation") and row.get("resolved_implementation") == "xla"):
+    # no kernel: XLA's dW, then the update ('auto' off the GPU resolves so)
     label += ", update unfused in the backward (xla)"
   elif row.get("implementation"):  # fused variants since stop 15
     label += f", {row['implementation']} kernel"
@@ -543,20 +548,27 @@ def _phase_seconds(row: dict) -> str:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--model", default="llama3.1-8b",
                  help="a forge_jax.models.llama preset: llama3.1-8b, qwen3-14b, "
-                 "qwen3-32b, cpu-tiny (smoke test), ... (default: %(default)s)")
+                 "qwen3-32b, cpu-tiny (smoke test), ...")
   p.add_argument("--tokens", default="2048", help="comma-separated T values")
   p.add_argument("--optimizers", default=",".join(OPTIMIZERS),
                  help=f"comma-separated, from {list(OPTIMIZERS)}")
   p.add_argument("--layouts", default="unrolled+remat,scan+remat",
-                 help=f"comma-separated, from {list(LAYOUTS)} (default: %(default)s)")
-  p.add_argument("--steps", type=int, default=6)
+                 help=f"comma-separated, from {list(LAYOUTS)}")
+  p.add_argument("--steps", type=int, default=6,
+                 help="steps run per variant (the step time is the median of "
+                 "those after the first two)")
   p.add_argument("--movement", action="store_true",
                  help="add each param's mean |new - initial| per layer to the "
                  "row and print them side by side (variants that should "
-                 "train alike; copies the params to the host first)")
+                 "train alike; copies the params to the host first). A mean "
+                 "of magnitudes: blind to a sign error or two swapped layers; "
+                 "and the norms' bf16 scales (about 1, updated unfused and "
+                 "rounded to nearest) do not move at the learning rate 1e-4")
   p.add_argument("--layers", type=int, default=0,
                  help="build the model with this many blocks, at most the "
                  "preset's (0: all); the widths, vocabulary and head stay the "
@@ -594,12 +606,14 @@ def main(argv=None):
                  "is deleted: take your own with jax.profiler.trace to keep one)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results",
-                 help="directory for the JSON and peak reports (default: %(default)s)")
+                 help="directory for the JSON and peak reports")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant
   p.add_argument("--table-from", nargs="+", metavar="FILE",
                  help="print the table of earlier runs (their JSON, or logs "
                  "with one JSON row per line) instead of measuring")
   a = p.parse_args(argv)
+  if a.layers < 0:
+    p.error(f"--layers={a.layers} must be >= 0 (0: all of the model's blocks)")
   if a.table_from:
     rows = [r for path in a.table_from
             for r in _runs.read_json_or_log(path, '{"model"')]

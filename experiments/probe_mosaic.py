@@ -1,7 +1,8 @@
 """Tile configurations of the Mosaic GPU fused kernel against Triton and XLA.
 
-For each shape (T:in x out) and storage mode, times AdamW's unfused step (XLA
-dW, then the update, W and state donated), the Triton kernel (default tile)
+For each shape (T:in x out) and storage mode, times the rule's (``--rule``:
+AdamW, or SGD, whose kernel is its token loop and W's own pass) unfused step
+(XLA dW, then the update, W and state donated), the Triton kernel (default tile)
 and the Mosaic kernel with each named :class:`MosaicConfig`, each checked
 against the unfused result first, and prints one line per shape with the
 floor (nominal H200 peaks, as ``bench_fused_dw``). Times are per op of
@@ -148,6 +149,9 @@ def main(argv=None):
       if mode not in ("fp32", "bf16", "int8", "bf16-sr", "int8-sr"):
         raise SystemExit(f"--modes: {mode!r} is not fp32, bf16, int8, "
                          "bf16-sr or int8-sr")
+      if a.rule == "sgd" and mode.startswith("int8"):
+        raise SystemExit(f"--modes: {mode!r} sets the states' storage, and "
+                         "--rule sgd has no state (use fp32, bf16 or bf16-sr)")
       dtype = jnp.bfloat16 if mode.startswith("bf16") else jnp.float32
       sr = mode.endswith("-sr")
       # The rounding seed is an argument after the hyperparameters; a chain

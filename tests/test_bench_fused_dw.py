@@ -143,6 +143,9 @@ def test_mosaic_tile_probe_runs_sgd_without_states(capsys):
   assert "bf16-sr m128n128t64s3x3:" in out
   assert "WRONG" not in out and "ERROR" not in out
   assert len(lines) == 1 and " sgd floor" in lines[0]
+  with pytest.raises(SystemExit, match="--rule sgd has no state"):
+    probe_mosaic.main(["--shapes", "64:128x128", "--modes", "int8", "--rule", "sgd",
+                       "--configs", "m128n128t64s3x3", "--interpret"])
 
 
 def test_chained_applies_each_op_in_turn_on_rotating_sets():

@@ -152,6 +152,11 @@ def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys):
   assert len(extra) == 1 and extra[0].startswith("| extra/kernel | — | 1.000e+00")
   q = [l for l in table if l.startswith("| layers[0]/attn/q_proj/kernel |")]
   assert len(q) == 1 and "×" not in q[0]
+  # Off the GPU 'auto' resolves to the XLA reference: the row says so.
+  assert rows[0]["resolved_implementation"] == "xla"
+  assert "update unfused in the backward" in memory_llama._layout_label(rows[0])
+  with pytest.raises(SystemExit):  # refused before any variant starts
+    memory_llama.main(["--model", "cpu-tiny", "--layers", "-1"])
   for bad in (-1, 99):
     with pytest.raises(ValueError, match=f"layers={bad} must be in \\[0, "):
       memory_llama.run_one("cpu-tiny", 16, "forge-int8", "unrolled", layers=bad)
