@@ -29,9 +29,8 @@ import jax.numpy as jnp
 
 from experiments.bench_fused_dw import CHECK_LEARNING_RATE, _Variant
 from experiments.bench_fused_dw import _flat, _unflat, floor_s, own_seed
+from experiments.bench_fused_dw import RULES
 from experiments.bench_fused_dw import step_args
-from forge_jax.rules import ADAMW
-from forge_jax.rules import SGD
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import MosaicConfig
 from pallas_kernels.fused_dw import fused_dw_update
@@ -132,7 +131,7 @@ def main(argv=None):
   for n in names:
     if n not in CONFIGS:
       raise SystemExit(f"--configs: {n!r} is not one of {list(CONFIGS)}")
-  rule = ADAMW if a.rule == "adamw" else SGD
+  rule = RULES[a.rule]
   hp_values = {n: HP[n] for n in rule.hyperparam_names}
   hp = rule.pack(hp_values, 7)
   hp_check = rule.pack(dict(hp_values, learning_rate=CHECK_LEARNING_RATE), 7)
@@ -165,7 +164,7 @@ def main(argv=None):
             ** 2).astype(dtype)
       if mode.startswith("int8"):
         mu, nu = quantization.quantize(mu, False), quantization.quantize(nu, True)
-      like = (mu, nu) if rule is ADAMW else ()
+      like = (mu, nu) if rule.state_names else ()
 
       def make_step(impl, cfg=None):
         n_flat = len(_flat(w, like))
