@@ -334,11 +334,11 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     jax.block_until_ready(m["loss"])
     times.append(time.perf_counter() - t0)
     losses.append(float(m["loss"]))
-    if not np.isfinite(float(m["loss"])):
-      raise FloatingPointError(f"loss {float(m['loss'])} at step {i}")
+    if not np.isfinite(losses[-1]):
+      raise FloatingPointError(f"loss {losses[-1]} at step {i}")
   median = float(np.median(times[2:] or times))
   # Peak and loss as of the timed steps (the profiled one comes after).
-  peak, loss = peak_bytes(), float(m["loss"])
+  peak, loss = peak_bytes(), losses[-1]
   extra = dict(init_how)
   if layers:
     extra["n_layers"] = layers
@@ -499,8 +499,7 @@ def _layout_label(row: dict) -> str:
     label += f", {row['attention']} attention"
   if row.get("logits_dtype", "float32") != "float32":
     label += f", {row['logits_dtype'].replace('bfloat16', 'bf16')} logits"
-  if row.get("implementation") == "xla" or (
-      row.get("implementation") and row.get("resolved_implementation") == "xla"):
+  if "xla" in (row.get("implementation"), row.get("resolved_implementation")):
     # no kernel: XLA's dW, then the update ('auto' off the GPU resolves so)
     label += ", update unfused in the backward (xla)"
   elif row.get("implementation"):  # fused variants since stop 15
