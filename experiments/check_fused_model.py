@@ -1,0 +1,242 @@
+"""Does a model trained by the fused kernels follow the unfused reference?
+
+Builds a ``forge_jax.models.llama`` preset (``--layers`` blocks at full
+width, random init with key 0, one batch of ``--tokens`` tokens) and runs
+``--steps`` fused steps from that same initial state for each variant, in
+one process. A variant is ``IMPL[:fresh][:seedN]``: IMPL is ``xla``,
+``auto``, ``mosaic`` or ``triton``; ``fresh``: the kernels write fresh
+outputs (``fused_step(in_place=False)``; otherwise in place, as
+``make_train_step`` runs them); ``seedN``: the stochastic-rounding seed N
+(``TrainState.create(seed=N)``, default 0). The first variant is the
+reference. A reference with another seed is the control: it measures how far
+two runs that differ only in rounding drift apart, the floor for any
+kernel's difference. For every param (and with ``--leaves all`` every
+floating state leaf: the moments) the script prints, against the
+reference's:
+
+* ``|Δ|/|Δref|``: the norm of the variant's change from the initial value
+  over the reference's (1 when both moved alike; 2 for an update applied
+  twice; 0 for one lost);
+* ``err``: ``|Δ - Δref| / |Δref|``, the relative error of the change (its
+  floor is the bf16 rounding of the weights: a ulp flipped on a few
+  elements);
+
+and each variant's loss per step, then the loss of its final params. Cells whose ratio is off 1 by more than 5%
+or whose ``err`` exceeds ``--tol`` are marked ``<<``. Exit status 1 if any
+is outside a control column, or a fused backward ran other than once.
+
+    python -m experiments.check_fused_model --model llama3.1-8b --layers 2 \\
+        --tokens 2048 --variants xla,auto,auto:fresh
+    python -m experiments.check_fused_model --model cpu-tiny --tokens 64 \\
+        --variants xla,mosaic,mosaic:fresh --interpret  # anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+
+IMPLEMENTATIONS = ("xla", "auto", "mosaic", "triton")
+
+
+def parse_variant(text: str) -> tuple[str, bool, int]:
+  """'auto' -> ('auto', True, 0); 'auto:fresh:seed3' -> ('auto', False, 3)."""
+  impl, *mods = text.split(":")
+  in_place, seed = True, 0
+  for m in mods:
+    if m == "fresh":
+      in_place = False
+    elif m.startswith("seed") and m[4:].isdigit():
+      seed = int(m[4:])
+    else:
+      impl = None
+  if impl not in IMPLEMENTATIONS:
+    raise ValueError(f"variant {text!r}: expected IMPL[:fresh][:seedN] with "
+                     f"IMPL in {IMPLEMENTATIONS}")
+  return impl, in_place, seed
+
+
+def variant_name(impl: str, in_place: bool, seed: int) -> str:
+  return impl + ("" if in_place else ":fresh") + (f":seed{seed}" if seed else "")
+
+
+def flat_leaves(tree) -> dict:
+  """'a/b/c' -> leaf, for params and forge_state alike."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): v
+          for path, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _is_float(x) -> bool:
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def compare(initial: dict, ref: dict, got: dict) -> dict:
+  """Per float leaf that the reference moved: (|Δ|/|Δref|, |Δ-Δref|/|Δref|),
+  computed where the arrays are (on the GPU for a model's params)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+
+  @jax.jit
+  def norms(v0, r, g):
+    v0 = v0.astype(jnp.float32)
+    d_ref, d_got = r.astype(jnp.float32) - v0, g.astype(jnp.float32) - v0
+    return (jnp.linalg.norm(d_ref.ravel()), jnp.linalg.norm(d_got.ravel()),
+            jnp.linalg.norm((d_got - d_ref).ravel()))
+
+  out = {}
+  for k, v0 in initial.items():
+    if not _is_float(v0):
+      continue
+    n_ref, n_got, n_diff = (float(v) for v in norms(v0, ref[k], got[k]))
+    if n_ref:
+      out[k] = (n_got / n_ref, n_diff / n_ref)
+  return out
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--model", default="llama3.1-8b")
+  p.add_argument("--layers", type=int, default=2,
+                 help="blocks (0: the preset's)")
+  p.add_argument("--tokens", type=int, default=2048)
+  p.add_argument("--steps", type=int, default=2)
+  p.add_argument("--layout", default="unrolled+remat",
+                 choices=("unrolled", "unrolled+remat", "scan", "scan+remat"))
+  p.add_argument("--moments", default="bf16", choices=("bf16", "int8"))
+  p.add_argument("--embedding", default="fused", choices=("fused", "unfused"))
+  p.add_argument("--variants", default="xla,auto,auto:fresh",
+                 help="comma-separated IMPL or IMPL:fresh; the first is the "
+                 "reference")
+  p.add_argument("--interpret", action="store_true",
+                 help="run the Pallas kernels in interpret mode (no GPU)")
+  p.add_argument("--leaves", default="all", choices=("all", "params"),
+                 help="compare the params and the fused layers' moments, or "
+                 "the params only (less device memory: the initial and the "
+                 "reference's final leaves are kept there)")
+  p.add_argument("--tol", type=float, default=0.1,
+                 help="largest err not marked")
+  p.add_argument("--attention", default="einsum",
+                 choices=("einsum", "xla", "cudnn", "auto"))
+  a = p.parse_args(argv)
+  try:
+    variants = [parse_variant(v) for v in a.variants.split(",")]
+  except ValueError as e:
+    p.error(f"--variants: {e}")
+  if len(variants) < 2:
+    p.error("--variants needs a reference and at least one more")
+  if a.layers < 0 or a.steps < 1 or a.tokens < 1:
+    p.error("--layers must be >= 0, --steps and --tokens >= 1")
+
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+  import numpy as np
+
+  import forge_jax as fj
+  from forge_jax.models import llama
+
+  cfg = llama.get_config(
+      a.model, max_seq_len=max(a.tokens, 8), remat="remat" in a.layout,
+      scan_layers=a.layout.startswith("scan"), dtype=jnp.bfloat16,
+      param_dtype=jnp.bfloat16, attention=a.attention,
+      logits_dtype=jnp.bfloat16)
+  if a.layers:
+    if a.layers > cfg.n_layers:
+      p.error(f"--layers={a.layers} must be at most {cfg.n_layers}")
+    cfg = dataclasses.replace(cfg, n_layers=a.layers)
+  lr = 1e-4
+  moments = jnp.int8 if a.moments == "int8" else jnp.bfloat16
+  opt = lambda: fj.adamw(lr, mu_dtype=moments, nu_dtype=moments)  # noqa: E731
+  dense = functools.partial(fj.ForgeDense, optimizer=opt())
+  head = embed = None
+  if not cfg.tie_embeddings:
+    head = dense
+    if a.embedding == "fused":
+      embed = functools.partial(fj.ForgeEmbed, optimizer=opt())
+  model = llama.Llama(cfg, dense_cls=dense, head_cls=head, embed_cls=embed)
+  tokens = jax.random.randint(jax.random.key(1), (1, a.tokens + 1), 0,
+                              cfg.vocab_size)
+  batch = (tokens[:, :-1], tokens[:, 1:])
+  unrolled = not cfg.scan_layers
+
+  def make_state(seed):  # the same init every call (key 0)
+    if unrolled:  # memory_llama's: from the scanned twin, quicker to compile
+      from experiments import memory_llama  # pylint: disable=g-import-not-at-top
+      variables = memory_llama._unrolled_init(  # pylint: disable=protected-access
+          model, jax.random.key(0), batch[0])
+    else:
+      variables = jax.jit(model.init)(jax.random.key(0), batch[0])
+    return fj.TrainState.create(apply_fn=model.apply, variables=variables,
+                                tx=opt(), seed=seed)
+
+  def leaves(state):
+    tree = {"params": state.params}
+    if a.leaves == "all":
+      tree["forge_state"] = state.forge_state
+    return flat_leaves(tree)
+
+  def loss_fn(v, b):
+    return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
+
+  initial = ref = None
+  names, rows, bad = [], [], False
+  for impl, in_place, seed in variants:
+    name = variant_name(impl, in_place, seed)
+    step = jax.jit(functools.partial(
+        fj.fused_step, loss_fn=loss_fn, implementation=impl,
+        interpret=a.interpret, in_place=in_place, order_updates=None),
+        donate_argnums=(0,))
+    state = make_state(seed)
+    if initial is None:  # copies on the device: the state is donated
+      initial = {k: jnp.copy(v) for k, v in leaves(state).items()}
+    losses, ok = [], True
+    for _ in range(a.steps):
+      state, m = step(state, batch)
+      losses.append(float(m["loss"]))
+      ok &= bool(m["forge_backward_ok"])
+    # The loss of the final params (a forward pass only): after one step,
+    # what the first update alone did.
+    losses.append(float(jax.jit(loss_fn)(
+        {"params": state.params, "forge_state": state.forge_state}, batch)))
+    print(f"{name}: loss per step, then after the last "
+          + " ".join(f"{v:.5f}" for v in losses)
+          + ("" if ok else "  (forge_backward_ok False: a fused backward ran "
+             "other than once per kernel)"), flush=True)
+    bad |= not ok
+    if ref is None:
+      ref, ref_name = leaves(state), name
+      continue
+    control = seed != variants[0][2]
+    names.append(name + (" (control)" if control else ""))
+    rows.append((control, compare(initial, ref, leaves(state))))
+    del state
+    worst = max(rows[-1][1].items(), key=lambda kv: abs(kv[1][0] - 1) + kv[1][1])
+    print(f"  worst leaf against {ref_name}: {worst[0]} |Δ|/|Δref| "
+          f"{worst[1][0]:.3f}, err {worst[1][1]:.3f}", flush=True)
+
+  print(f"\n|Δ|/|Δref| and err = |Δ-Δref|/|Δref| after {a.steps} step(s), "
+        f"against {ref_name} ({a.model}, {cfg.n_layers} blocks, T={a.tokens}, "
+        f"{a.layout}, {a.moments} moments); << marks ratio off 1 by > 5% or "
+        f"err > {a.tol}:")
+  print("| leaf | " + " | ".join(names) + " |")
+  print("|---|" + "---|" * len(names))
+  for k in sorted(set().union(*(r for _, r in rows))):
+    cells = []
+    for control, row in rows:
+      ratio, err = row.get(k, (float("nan"), float("nan")))
+      off = not (abs(ratio - 1) <= 0.05 and err <= a.tol)
+      bad |= off and not control
+      cells.append(f"{ratio:.3f} / {err:.3f}" + (" <<" if off else ""))
+    print(f"| {k} | " + " | ".join(cells) + " |")
+  print("\nverdict: " + ("DIFFERENT from the reference" if bad
+                          else "every variant follows the reference"))
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

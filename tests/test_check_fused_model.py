@@ -1,0 +1,56 @@
+"""experiments/check_fused_model: a model's fused step against the reference."""
+
+import pytest
+
+from experiments import check_fused_model
+from forge_jax._src import dense
+
+ARGS = ["--model", "cpu-tiny", "--layers", "1", "--tokens", "64", "--steps", "1",
+        "--interpret"]
+
+
+def test_parse_variant():
+  assert check_fused_model.parse_variant("auto") == ("auto", True, 0)
+  assert check_fused_model.parse_variant("mosaic:fresh:seed3") == ("mosaic", False, 3)
+  for bad in ("cuda", "auto:inplace", "xla:seedx"):
+    with pytest.raises(ValueError, match="IMPL"):
+      check_fused_model.parse_variant(bad)
+
+
+def test_kernels_follow_the_reference_and_the_control_is_not_judged(capsys):
+  rc = check_fused_model.main(ARGS + ["--variants", "xla,mosaic,xla:seed1"])
+  out = capsys.readouterr().out
+  assert rc == 0, out
+  assert "xla:seed1 (control)" in out
+  # The control's rounding bits differ: its change is far from the reference's
+  # (marked, but not judged), while the kernels' are not marked at all.
+  rows = [r for r in out.splitlines() if r.startswith("| params/")]
+  assert rows and all(r.split("|")[2].strip().startswith("1.000 / 0.0") for r in rows)
+  assert any("<<" in r.split("|")[4] for r in rows)
+  assert "every variant follows the reference" in out
+
+
+def test_an_update_applied_twice_is_caught(monkeypatch, capsys):
+  orig = dense._sharded_update
+
+  def twice(spec, x, dy, kernel, state, hparams, seed):
+    kernel, state = orig(spec, x, dy, kernel, state, hparams, seed)
+    if spec.implementation == "xla":
+      return kernel, state
+    return orig(spec, x, dy, kernel, state, hparams, seed)
+
+  monkeypatch.setattr(dense, "_sharded_update", twice)
+  rc = check_fused_model.main(ARGS + ["--variants", "xla,mosaic"])
+  out = capsys.readouterr().out
+  assert rc == 1
+  assert "DIFFERENT from the reference" in out
+  ratios = [float(r.split("|")[2].split("/")[0]) for r in out.splitlines()
+            if r.startswith("| params/") and "kernel" in r]
+  assert ratios and min(ratios) > 1.5, ratios
+
+
+def test_bad_variants_are_refused():
+  with pytest.raises(SystemExit):
+    check_fused_model.main(ARGS + ["--variants", "xla"])
+  with pytest.raises(SystemExit):
+    check_fused_model.main(ARGS + ["--variants", "xla,cuda"])
