@@ -119,6 +119,10 @@ def main(argv=None) -> int:
                  help="compare the params and the fused layers' moments, or "
                  "the params only (less device memory: the initial and the "
                  "reference's final leaves are kept there)")
+  p.add_argument("--audit", action="store_true",
+                 help="the variants after the reference run fused_step(audit="
+                 "True): each fused layer prints its update's distance from "
+                 "the reference update on its own inputs, in the same program")
   p.add_argument("--tol", type=float, default=0.1,
                  help="largest err not marked")
   p.add_argument("--attention", default="einsum",
@@ -189,7 +193,8 @@ def main(argv=None) -> int:
     name = variant_name(impl, in_place, seed)
     step = jax.jit(functools.partial(
         fj.fused_step, loss_fn=loss_fn, implementation=impl,
-        interpret=a.interpret, in_place=in_place, order_updates=None),
+        interpret=a.interpret, in_place=in_place, order_updates=None,
+        audit=a.audit and ref is not None),
         donate_argnums=(0,))
     state = make_state(seed)
     if initial is None:  # copies on the device: the state is donated

@@ -26,8 +26,19 @@ def test_kernels_follow_the_reference_and_the_control_is_not_judged(capsys):
   # (marked, but not judged), while the kernels' are not marked at all.
   rows = [r for r in out.splitlines() if r.startswith("| params/")]
   assert rows and all(r.split("|")[2].strip().startswith("1.000 / 0.0") for r in rows)
-  assert any("<<" in r.split("|")[4] for r in rows)
+  assert any("<<" in r.split("|")[3] for r in rows)
   assert "every variant follows the reference" in out
+
+
+def test_the_audit_finds_the_kernels_exact_on_their_own_inputs(capsys):
+  rc = check_fused_model.main(ARGS + ["--variants", "xla,mosaic", "--audit",
+                                      "--moments", "int8"])
+  out = capsys.readouterr().out
+  assert rc == 0, out
+  audits = [r for r in out.splitlines() if r.startswith("forge audit ")]
+  # 7 projections and the head, once each; the reference run is not audited.
+  assert len(audits) == 8, audits
+  assert all(float(r.split("err ")[1].split(",")[0]) < 0.02 for r in audits), audits
 
 
 def test_an_update_applied_twice_is_caught(monkeypatch, capsys):
@@ -40,9 +51,13 @@ def test_an_update_applied_twice_is_caught(monkeypatch, capsys):
     return orig(spec, x, dy, kernel, state, hparams, seed)
 
   monkeypatch.setattr(dense, "_sharded_update", twice)
-  rc = check_fused_model.main(ARGS + ["--variants", "xla,mosaic"])
+  rc = check_fused_model.main(ARGS + ["--variants", "xla,mosaic", "--audit"])
   out = capsys.readouterr().out
   assert rc == 1
+  # The audit, on each layer's own inputs, sees the second update too.
+  audits = [float(r.split("err ")[1].split(",")[0]) for r in out.splitlines()
+            if r.startswith("forge audit ")]
+  assert audits and min(audits) > 0.5, audits
   assert "DIFFERENT from the reference" in out
   ratios = [float(r.split("|")[2].split("/")[0]) for r in out.splitlines()
             if r.startswith("| params/") and "kernel" in r]

@@ -74,6 +74,8 @@ class FusedContext:
     in_place: whether unstacked fused layers may update in place
       (``fused_step``'s ``in_place``; False: every kernel writes fresh
       outputs).
+    audit: print each fused update's distance from the unfused reference
+      on the same inputs (``fused_step``'s ``audit``; :func:`audit_update`).
   """
 
   step: jax.Array
@@ -85,6 +87,7 @@ class FusedContext:
   order_updates: bool = False
   stacked: frozenset[tuple[str, ...]] = frozenset()
   in_place: bool = False
+  audit: bool = False
 
   def record_backward(self, path: tuple[str, ...]) -> None:
     self.backward_traces[path] = self.backward_traces.get(path, 0) + 1
@@ -203,13 +206,34 @@ def _forge_linear_bwd(spec, residuals, dy):
       dy, kernel.astype(spec.compute_dtype),
       (((dy.ndim - 1,), (1,)), ((), ())), precision=spec.precision
   ).astype(x.dtype)
-  new_kernel, new_state = _sharded_update(
-      spec, x.reshape(-1, x.shape[-1]),
-      dy.reshape(-1, dy.shape[-1]).astype(x.dtype), kernel, state, hparams, seed)
+  x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1]).astype(x.dtype)
+  new_kernel, new_state = _sharded_update(spec, x2, dy2, kernel, state, hparams, seed)
+  if spec.context.audit and spec.kernel_axes == (None, None):
+    audit_update(spec, x2, dy2, kernel, state, hparams, seed, new_kernel)
   if spec.context.order_updates:
     dx, new_kernel = order_update(dx, new_kernel)
   return (dx, new_kernel, quantization.as_float_view(new_state),
           jnp.zeros_like(hparams), *probe_and_seed_cotangents(probe, seed, dy))
+
+
+def audit_update(spec: _Spec, x, dy, kernel, state, hparams, seed, new_kernel):
+  """``fused_step(audit=True)``: prints, per fused layer and call, how far
+  its new kernel is from the unfused reference's on the same (x, dY) inside
+  the same program (``jax.debug.print``): ``err`` = |ΔW - ΔW_ref| / |ΔW_ref|
+  (ΔW: the change from the old kernel) and the fraction of weights that
+  differ. Same rounding bits, so a correct kernel differs only where fp32
+  summation order moves a value across a rounding or quantization boundary.
+  For diagnosis: the reference materializes dW."""
+  want, _ = fused_dw.fused_dw_update_reference(x, dy, kernel, state, hparams,
+                                               rule=spec.rule, seed=seed)
+  old = kernel.astype(jnp.float32)
+  d_want = want.astype(jnp.float32) - old
+  d_got = new_kernel.astype(jnp.float32) - old
+  err = jnp.linalg.norm((d_got - d_want).ravel()) / jnp.maximum(
+      jnp.linalg.norm(d_want.ravel()), jnp.finfo(jnp.float32).tiny)
+  jax.debug.print("forge audit " + "/".join(spec.path)
+                  + ": err {e:.3e}, weights differing {d:.3e}",
+                  e=err, d=jnp.mean(new_kernel != want))
 
 
 def order_update(dx, new_kernel):

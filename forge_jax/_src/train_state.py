@@ -221,6 +221,7 @@ def fused_step(
     interpret: bool = False,
     order_updates: bool | None = False,
     in_place: bool = False,
+    audit: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One training step; fused layers update inside their backward pass.
 
@@ -252,6 +253,11 @@ def fused_step(
       gave the in-place kernel wrong results (docs/results.md, stop 22).
       False here; :func:`make_train_step` sets it when its step is called
       on arrays.
+    audit: for diagnosis: each ForgeDense (unsharded) also computes the
+      unfused reference update on the same layer input and dY and prints
+      the relative distance of its own from it (``jax.debug.print``, one
+      line per layer and call; ``experiments/check_fused_model --audit``).
+      It materializes each dW, so the step needs more memory and time.
 
   Returns:
     ``(new_state, metrics)``; metrics hold ``aux``, ``loss`` and
@@ -307,7 +313,7 @@ def fused_step(
                                interpret=interpret, seed=state.seed,
                                order_updates=_order_updates(stacked, order_updates),
                                stacked=stacked,
-                               in_place=in_place)
+                               in_place=in_place, audit=bool(audit))
   with dense_lib.fused_context(ctx):
     if paths:
       _refuse_other_uses_of_fused_kernels(
