@@ -636,3 +636,24 @@ def test_non_float_params_are_refused_by_the_optax_transforms():
   for p in ({"w": jnp.ones(3, jnp.complex64)}, {"w": jnp.ones(3, jnp.int32)}):
     with pytest.raises(ValueError, match="real floating point"):
       tx.update(p, tx.init(p), p)
+
+
+def test_audit_prints_each_layers_distance_from_the_reference(rng, capfd):
+  # fused_step(audit=True): each fused layer's update against the unfused one
+  # on its own inputs, in the same program; the step's result is unchanged.
+  model = fj.ForgeDense(16, optimizer=fj.adamw(1e-2))
+  x = jnp.asarray(rng.standard_normal((8, 12)), jnp.float32)
+  state = fj.TrainState.create(apply_fn=model.apply,
+                               variables=model.init(jax.random.key(0), x),
+                               tx=optax.adamw(1e-2))
+  loss = lambda vv, b: jnp.sum(model.apply(vv, b) ** 2)  # noqa: E731
+  plain = jax.jit(lambda s: fj.fused_step(s, x, loss))(jax.tree.map(jnp.copy, state))
+  audited = jax.jit(lambda s: fj.fused_step(s, x, loss, audit=True))(
+      jax.tree.map(jnp.copy, state))
+  jax.effects_barrier()
+  lines = [l for l in capfd.readouterr().out.splitlines() if l.startswith("forge audit")]
+  assert lines == ["forge audit <root module>: err 0.000e+00, weights differing 0.000e+00"], lines
+  for a, b in zip(jax.tree.leaves(plain[0].params), jax.tree.leaves(audited[0].params)):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="audit=1 must be True or False"):
+    jax.eval_shape(lambda s: fj.fused_step(s, x, loss, audit=1), state)

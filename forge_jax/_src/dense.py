@@ -231,7 +231,7 @@ def audit_update(spec: _Spec, x, dy, kernel, state, hparams, seed, new_kernel):
   d_got = new_kernel.astype(jnp.float32) - old
   err = jnp.linalg.norm((d_got - d_want).ravel()) / jnp.maximum(
       jnp.linalg.norm(d_want.ravel()), jnp.finfo(jnp.float32).tiny)
-  jax.debug.print("forge audit " + "/".join(spec.path)
+  jax.debug.print("forge audit " + ("/".join(spec.path) or "<root module>")
                   + ": err {e:.3e}, weights differing {d:.3e}",
                   e=err, d=jnp.mean(new_kernel != want))
 

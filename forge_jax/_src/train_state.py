@@ -266,7 +266,7 @@ def fused_step(
 
   Raises:
     ValueError: if ``order_updates`` is not None, True or False, or
-      ``in_place`` not True or False. At trace
+      ``in_place`` or ``audit`` not True or False. At trace
       time (before anything runs or is written) if a fused
       layer's backward pass was traced zero times (output unused, under
       ``stop_gradient``, layer not called) or more than once (a layer applied
@@ -308,12 +308,14 @@ def fused_step(
     return loss, aux
 
   kernel_mosaic.check_in_place(in_place)
+  if not isinstance(audit, bool):
+    raise ValueError(f"audit={audit!r} must be True or False")
   stacked = _stacked_layers(state.forge_state)
   ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
                                interpret=interpret, seed=state.seed,
                                order_updates=_order_updates(stacked, order_updates),
                                stacked=stacked,
-                               in_place=in_place, audit=bool(audit))
+                               in_place=in_place, audit=audit)
   with dense_lib.fused_context(ctx):
     if paths:
       _refuse_other_uses_of_fused_kernels(
