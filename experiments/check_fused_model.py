@@ -52,9 +52,11 @@ def parse_variant(text: str) -> tuple[str, bool, int]:
       seed = int(m[4:])
     else:
       impl = None
+  if not 0 <= seed < 2**32:
+    impl = None
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"variant {text!r}: expected IMPL[:fresh][:seedN] with "
-                     f"IMPL in {IMPLEMENTATIONS}")
+                     f"IMPL in {IMPLEMENTATIONS} and 0 <= N < 2**32")
   return impl, in_place, seed
 
 
@@ -94,6 +96,8 @@ def compare(initial: dict, ref: dict, got: dict) -> dict:
     n_ref, n_got, n_diff = (float(v) for v in norms(v0, ref[k], got[k]))
     if n_ref:
       out[k] = (n_got / n_ref, n_diff / n_ref)
+    elif n_got:  # the reference left it, the variant moved it
+      out[k] = (float("inf"), float("inf"))
   return out
 
 
@@ -121,7 +125,9 @@ def main(argv=None) -> int:
                  "reference's final leaves are kept there)")
   p.add_argument("--audit", action="store_true",
                  help="the variants after the reference run fused_step(audit="
-                 "True): each fused layer prints its update's distance from "
+                 "True): each ForgeDense that is not sharded (not ForgeEmbed; under "
+                 "a scan, one line per layer with the stack's name) prints its "
+                 "update's distance from "
                  "the reference update on its own inputs, in the same program")
   p.add_argument("--tol", type=float, default=0.1,
                  help="largest err not marked")
@@ -134,6 +140,10 @@ def main(argv=None) -> int:
     p.error(f"--variants: {e}")
   if len(variants) < 2:
     p.error("--variants needs a reference and at least one more")
+  if all(seed != variants[0][2] for _, _, seed in variants[1:]):
+    p.error("--variants: every variant after the reference has another "
+            "rounding seed (a control); add one with the reference's seed "
+            "to compare a kernel")
   if a.layers < 0 or a.steps < 1 or a.tokens < 1:
     p.error("--layers must be >= 0, --steps and --tokens >= 1")
 
@@ -144,6 +154,12 @@ def main(argv=None) -> int:
   import forge_jax as fj
   from forge_jax.models import llama
 
+  if a.model not in llama.PRESETS:
+    p.error(f"--model={a.model!r}: expected a preset, one of {sorted(llama.PRESETS)}")
+  kernels = sorted({impl for impl, _, _ in variants} & {"mosaic", "triton"})
+  if kernels and not a.interpret and jax.default_backend() != "gpu":
+    p.error(f"--variants {kernels} need a GPU (found {jax.default_backend()!r}) "
+            "or --interpret")
   cfg = llama.get_config(
       a.model, max_seq_len=max(a.tokens, 8), remat="remat" in a.layout,
       scan_layers=a.layout.startswith("scan"), dtype=jnp.bfloat16,

@@ -1,5 +1,8 @@
 """experiments/check_fused_model: a model's fused step against the reference."""
 
+import re
+
+import jax
 import pytest
 
 from experiments import check_fused_model
@@ -69,3 +72,30 @@ def test_bad_variants_are_refused():
     check_fused_model.main(ARGS + ["--variants", "xla"])
   with pytest.raises(SystemExit):
     check_fused_model.main(ARGS + ["--variants", "xla,cuda"])
+
+
+def test_refusals_come_before_any_work(capsys):
+  for args, message in [
+      (["--variants", "xla:seed1,xla:seed2"], "another rounding seed"),
+      (["--variants", "xla,xla:seed4294967296"], "2\\*\\*32"),
+      (["--model", "bogus", "--variants", "xla,mosaic"], "--model='bogus'"),
+  ]:
+    with pytest.raises(SystemExit):
+      check_fused_model.main(ARGS + args)
+    err = capsys.readouterr()
+    assert "loss per step" not in err.out
+    assert re.search(message, err.err), (args, err.err)
+  if jax.default_backend() != "gpu":
+    no_interpret = [a for a in ARGS if a != "--interpret"]
+    with pytest.raises(SystemExit):
+      check_fused_model.main(no_interpret + ["--variants", "xla,mosaic"])
+    assert "need a GPU" in capsys.readouterr().err
+
+
+def test_a_leaf_only_the_variant_moved_is_reported():
+  import jax.numpy as jnp
+  zeros, ones = jnp.zeros(4), jnp.ones(4)
+  out = check_fused_model.compare({"a": zeros, "b": zeros}, {"a": zeros, "b": ones},
+                                  {"a": 5 * ones, "b": ones})
+  assert out["b"] == (1.0, 0.0)
+  assert out["a"] == (float("inf"), float("inf"))

@@ -257,7 +257,11 @@ def fused_step(
       unfused reference update on the same layer input and dY and prints
       the relative distance of its own from it (``jax.debug.print``, one
       line per layer and call; ``experiments/check_fused_model --audit``).
-      It materializes each dW, so the step needs more memory and time.
+      It materializes each dW, so the step needs more memory and time, and
+      XLA may compile the step's other arithmetic differently (an fp32 ulp
+      on some weights was seen with ``fold_adam``). ForgeEmbed and sharded
+      (``kernel_axes``) layers are not audited; under a scan every layer
+      prints under the stack's name.
 
   Returns:
     ``(new_state, metrics)``; metrics hold ``aux``, ``loss`` and
