@@ -21,7 +21,8 @@ reference's:
   floor is the bf16 rounding of the weights: a ulp flipped on a few
   elements);
 
-and each variant's loss per step, then the loss of its final params. Cells whose ratio is off 1 by more than 5%
+and each variant's loss per step, then the loss of its final params. A
+scanned model's stacked leaves are compared layer by layer (``layers[i]``). Cells whose ratio is off 1 by more than 5%
 or whose ``err`` exceeds ``--tol`` are marked ``<<``. Exit status 1 if any
 is outside a control column, or a fused backward ran other than once.
 
@@ -76,28 +77,41 @@ def _is_float(x) -> bool:
   return jnp.issubdtype(x.dtype, jnp.floating)
 
 
+STACK = "layers/block/"
+"""Where a scanned Llama's stacked leaves sit: compared layer by layer, each
+reported as ``.../layers[i]/...`` (the unrolled model's ``layers_i``)."""
+
+
 def compare(initial: dict, ref: dict, got: dict) -> dict:
-  """Per float leaf that the reference moved: (|Δ|/|Δref|, |Δ-Δref|/|Δref|),
-  computed where the arrays are (on the GPU for a model's params)."""
+  """Per float leaf that either run moved: (|Δ|/|Δref|, |Δ-Δref|/|Δref|),
+  computed where the arrays are (on the GPU for a model's params); a leaf
+  only the variant moved gets (inf, inf). A scanned stack's leaf (its path
+  holds ``STACK``) is compared per layer along its first axis."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
+  import numpy as np
 
-  @jax.jit
-  def norms(v0, r, g):
+  @functools.partial(jax.jit, static_argnums=3)
+  def norms(v0, r, g, per_layer):
     v0 = v0.astype(jnp.float32)
     d_ref, d_got = r.astype(jnp.float32) - v0, g.astype(jnp.float32) - v0
-    return (jnp.linalg.norm(d_ref.ravel()), jnp.linalg.norm(d_got.ravel()),
-            jnp.linalg.norm((d_got - d_ref).ravel()))
+    axes = tuple(range(1 if per_layer else 0, v0.ndim))
+    norm = lambda d: jnp.sqrt(jnp.sum(jnp.square(d), axis=axes))  # noqa: E731
+    return norm(d_ref), norm(d_got), norm(d_got - d_ref)
 
   out = {}
   for k, v0 in initial.items():
     if not _is_float(v0):
       continue
-    n_ref, n_got, n_diff = (float(v) for v in norms(v0, ref[k], got[k]))
-    if n_ref:
-      out[k] = (n_got / n_ref, n_diff / n_ref)
-    elif n_got:  # the reference left it, the variant moved it
-      out[k] = (float("inf"), float("inf"))
+    per_layer = STACK in k and v0.ndim > 1
+    n_ref, n_got, n_diff = (np.atleast_1d(np.asarray(v)) for v in
+                            norms(v0, ref[k], got[k], per_layer))
+    for i in range(len(n_ref)):
+      name = k.replace(STACK, f"layers[{i}]/") if per_layer else k
+      if n_ref[i]:
+        out[name] = (float(n_got[i] / n_ref[i]), float(n_diff[i] / n_ref[i]))
+      elif n_got[i]:  # the reference left it, the variant moved it
+        out[name] = (float("inf"), float("inf"))
   return out
 
 

@@ -99,3 +99,15 @@ def test_a_leaf_only_the_variant_moved_is_reported():
                                   {"a": 5 * ones, "b": ones})
   assert out["b"] == (1.0, 0.0)
   assert out["a"] == (float("inf"), float("inf"))
+
+
+def test_a_scanned_stack_is_compared_layer_by_layer():
+  import jax.numpy as jnp
+  v0 = jnp.zeros((3, 2, 2))
+  ref = jnp.ones((3, 2, 2))
+  got = ref.at[1].set(2.0)
+  out = check_fused_model.compare({"params/layers/block/w": v0},
+                                  {"params/layers/block/w": ref},
+                                  {"params/layers/block/w": got})
+  assert out == {"params/layers[0]/w": (1.0, 0.0), "params/layers[1]/w": (2.0, 1.0),
+                 "params/layers[2]/w": (1.0, 0.0)}

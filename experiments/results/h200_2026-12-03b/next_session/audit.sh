@@ -11,7 +11,9 @@ echo "rc=$?" >> $OUT/audit.log
 grep -c "forge audit" $OUT/audit.log
 grep "forge audit" $OUT/audit.log | sort -t' ' -k5 -g | tail -8
 grep "loss per\|rc=" $OUT/audit.log
+grep "layers\[3[01]\]/\|layers\[0\]/\|lm_head\|embed" $OUT/audit.log | grep "^| "
 XLA_FLAGS=--xla_allow_excess_precision=false timeout 200 $C --variants xla,auto,triton > $OUT/noexcess.log 2>&1
 echo "rc=$?" >> $OUT/noexcess.log
-grep -v Warn $OUT/noexcess.log | tail -16
+grep "loss per\|verdict" $OUT/noexcess.log
+grep "layers\[3[01]\]/\|layers\[0\]/\|lm_head\|embed" $OUT/noexcess.log | grep "^| "
 kill $SMI
