@@ -22,9 +22,10 @@ reference's:
   elements);
 
 and each variant's loss per step, then the loss of its final params. A
-scanned model's stacked leaves are compared layer by layer (``layers[i]``). Cells whose ratio is off 1 by more than 5%
-or whose ``err`` exceeds ``--tol`` are marked ``<<``. Exit status 1 if any
-is outside a control column, or a fused backward ran other than once.
+scanned model's stacked leaves are compared layer by layer (``layers[i]``).
+Cells whose ratio is off 1 by more than 5% or whose ``err`` exceeds
+``--tol`` are marked ``<<``. Exit status 1 if any is outside a control
+column, or a fused backward ran other than once.
 
     python -m experiments.check_fused_model --model llama3.1-8b --layers 2 \\
         --tokens 2048 --variants xla,auto,auto:fresh
@@ -82,14 +83,13 @@ STACK = "layers/block/"
 reported as ``.../layers[i]/...`` (the unrolled model's ``layers_i``)."""
 
 
-def compare(initial: dict, ref: dict, got: dict) -> dict:
-  """Per float leaf that either run moved: (|Δ|/|Δref|, |Δ-Δref|/|Δref|),
-  computed where the arrays are (on the GPU for a model's params); a leaf
-  only the variant moved gets (inf, inf). A scanned stack's leaf (its path
-  holds ``STACK``) is compared per layer along its first axis."""
+@functools.lru_cache(maxsize=None)
+def _norms():
+  """The jitted (|Δref|, |Δ|, |Δ-Δref|) of one leaf (per layer along its
+  first axis when ``per_layer``), built once: every variant's comparison
+  reuses its compilations."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
-  import numpy as np
 
   @functools.partial(jax.jit, static_argnums=3)
   def norms(v0, r, g, per_layer):
@@ -99,6 +99,17 @@ def compare(initial: dict, ref: dict, got: dict) -> dict:
     norm = lambda d: jnp.sqrt(jnp.sum(jnp.square(d), axis=axes))  # noqa: E731
     return norm(d_ref), norm(d_got), norm(d_got - d_ref)
 
+  return norms
+
+
+def compare(initial: dict, ref: dict, got: dict) -> dict:
+  """Per float leaf that either run moved: (|Δ|/|Δref|, |Δ-Δref|/|Δref|),
+  computed where the arrays are (on the GPU for a model's params); a leaf
+  only the variant moved gets (inf, inf). A scanned stack's leaf (its path
+  holds ``STACK``) is compared per layer along its first axis."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  norms = _norms()
   out = {}
   for k, v0 in initial.items():
     if not _is_float(v0):
@@ -217,6 +228,7 @@ def main(argv=None) -> int:
   def loss_fn(v, b):
     return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
 
+  final_loss = jax.jit(loss_fn)
   initial = ref = None
   names, rows, bad = [], [], False
   for impl, in_place, seed in variants:
@@ -236,7 +248,7 @@ def main(argv=None) -> int:
       ok &= bool(m["forge_backward_ok"])
     # The loss of the final params (a forward pass only): after one step,
     # what the first update alone did.
-    losses.append(float(jax.jit(loss_fn)(
+    losses.append(float(final_loss(
         {"params": state.params, "forge_state": state.forge_state}, batch)))
     print(f"{name}: loss per step, then after the last "
           + " ".join(f"{v:.5f}" for v in losses)

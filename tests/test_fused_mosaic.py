@@ -79,10 +79,10 @@ def test_model_scale_gradients_match_reference(rng, rule, scale, count, interpre
   # moments (the first step) and from small ones.
   x, dy, w, st, hp = _inputs(rng, rule, 64, 64, 128, count=count)
   dy = (dy.astype(jnp.float32) * scale).astype(jnp.bfloat16)
-  st = tuple(jnp.zeros_like(v) if count == 1 else v * scale for v in st)
-  if count > 1 and rule.nonnegative_states:
-    st = tuple(v * scale if n in rule.nonnegative_states else v
-               for v, n in zip(st, rule.state_names))
+  # Moments at dW's scale: a second moment (nonnegative) at its square.
+  st = tuple(jnp.zeros_like(v) if count == 1 else
+             v * scale**2 if n in rule.nonnegative_states else v * scale
+             for v, n in zip(st, rule.state_names))
   args = (x, dy, w, st, hp)
   want = fused_dw_update_reference(*args, rule=rule)
   got = _run(args, rule, ONE_SUB, interpret)
