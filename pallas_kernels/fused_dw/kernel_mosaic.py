@@ -102,6 +102,7 @@ equations as :func:`rule.update` on the unfused gradient.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -957,9 +958,11 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       epilogue(matmul(), bufs, barriers, loaded=config.epi_ahead)
     pl.run_scoped(scope, **scratch)
   else:
-    acc = matmul()
-    pl.run_scoped(lambda bufs, barriers: epilogue(acc, bufs, barriers, 0),
-                  **scratch)
+    with jax.named_scope("token_loop"):  # regions of a profiled run
+      acc = matmul()
+    with jax.named_scope("epilogue"):
+      pl.run_scoped(lambda bufs, barriers: epilogue(acc, bufs, barriers, 0),
+                    **scratch)
 
 
 def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
@@ -1158,13 +1161,15 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
           plgpu.wgmma_wait(0)
           plgpu.barrier_arrive(consumed.at[lax.rem(j * steps + steps - 1, depth)])
           return acc_ref[...]
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
-        _epilogue(acc, subs=subs, config=config, split=split,
-                  scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
-                  slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
-                  load_sub=load_sub, origin=origin, layout=layout)
-        # The next tile's first loads reuse these buffers.
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        with jax.named_scope("token_loop"):  # regions of a profiled run
+          acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
+        with jax.named_scope("epilogue"):
+          _epilogue(acc, subs=subs, config=config, split=split,
+                    scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
+                    slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
+                    load_sub=load_sub, origin=origin, layout=layout)
+          # The next tile's first loads reuse these buffers.
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         return carry
       lax.fori_loop(0, (local - wg + 1) // 2, tile_body, None)
       plgpu.wait_smem_to_gmem(0)
@@ -1189,6 +1194,45 @@ _COMPUTE_REGISTERS = (512 - _MEMORY_REGISTERS) // 2 // 8 * 8
 """Per thread of each of the ping-pong kernel's two compute warpgroups: the
 rest of the 64K-register file (512 per thread of one warpgroup), rounded
 down to a multiple of 8 (232)."""
+
+
+_PROFILE: dict = {}
+"""Mosaic GPU profiler parameters of kernels lowered inside :func:`profiled`."""
+
+
+@contextlib.contextmanager
+def profiled(profile_dir: str, profile_space: int = 40):
+  """Kernels lowered (traced and compiled) inside this context record, per
+  warpgroup, the SM clock at the start and end of each ``token_loop`` and
+  ``epilogue`` region (Mosaic GPU's on-device profiler) and write a
+  Perfetto trace, ``<ns>-trace.json``, to ``profile_dir`` at every call.
+
+  ``profile_space``: ranges recorded per warpgroup (later ones are dropped
+  where this jax can bound-check, else overrun shared memory: give at least
+  the tiles per warpgroup). The buffer takes 16 bytes per range and
+  warpgroup of shared memory, which the tile's budget must leave free. For
+  diagnosis (``experiments/trace_mosaic``); GPU only.
+
+  Raises:
+    ValueError: if ``profile_space`` is not a positive int or
+      ``profile_dir`` is empty.
+  """
+  if not isinstance(profile_space, int) or profile_space < 1:
+    raise ValueError(f"profile_space={profile_space!r} must be a positive int")
+  if not profile_dir:
+    raise ValueError("profile_dir must name a directory")
+  params = dict(profile_space=profile_space, profile_dir=profile_dir)
+  if "profile_bounds_check" in {f.name for f in
+                                dataclasses.fields(plgpu.CompilerParams)}:
+    params["profile_bounds_check"] = True  # jax >= 0.11
+  old = dict(_PROFILE)
+  _PROFILE.clear()
+  _PROFILE.update(params)
+  try:
+    yield
+  finally:
+    _PROFILE.clear()
+    _PROFILE.update(old)
 
 
 def num_sms() -> int:
@@ -1261,7 +1305,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
                else [st.T.astype(_FOLDED_DTYPE) if fold > 1 else st])
   num_tiles = (w.shape[0] // config.block_m) * (w.shape[1] // config.block_n)
   params = plgpu.CompilerParams(
-      lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+      lowering_semantics=plgpu.LoweringSemantics.Warpgroup, **_PROFILE)
   operands = (x.T if config.transpose_x else x, dy, scalars)
   if config.compute_wgs == 1:
     body = functools.partial(_kernel, config=config, split=split,

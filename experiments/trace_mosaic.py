@@ -1,0 +1,225 @@
+"""Where the Mosaic kernel's time goes, per warpgroup, from its own clock.
+
+Runs one fused AdamW (or SGD) update per shape and configuration with Mosaic
+GPU's on-device profiler (``kernel_mosaic.profiled``): every warpgroup
+records the SM clock at the start and end of each tile's ``token_loop``
+(waiting for the x and dY stages, and the wgmma) and ``epilogue`` (the rule
+on the accumulator, W and the states loaded and stored). From the trace it
+prints, averaged over the CTAs, in thousands of SM clock cycles (kcyc):
+
+* ``period``: the CTA's span divided by its tiles (the time per tile);
+* ``token_loop``, ``epilogue``: mean durations of the regions;
+* ``overlap``: the share of the epilogues' time during which the CTA's
+  other compute warpgroup is in its token loop (ping-pong's point: near
+  100% when it works; 0 for the one-warpgroup tiles, where only other
+  CTAs on the SM can overlap);
+* ``tl_alone``: the share of the period in which one compute warpgroup is
+  in its token loop while the other is in neither region (0 for one
+  warpgroup per CTA).
+
+GPU only::
+
+    python -m experiments.trace_mosaic --shapes 2048:4096x14336 \\
+        --modes bf16-sr --rules adamw,sgd --configs default,m128n128t64s3
+
+The trace JSON files stay in ``--dir`` (Perfetto's format, one per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench_fused_dw import RULES
+from experiments.probe_mosaic import CONFIGS, HP
+from pallas_kernels import quantization
+from pallas_kernels.fused_dw import fused_dw_update
+from pallas_kernels.fused_dw import kernel_mosaic
+from pallas_kernels.fused_dw.api import mosaic_default_config
+
+REGIONS = ("token_loop", "epilogue")
+
+
+def intervals(trace: dict) -> dict:
+  """{(pid, tid): [(name, begin, end), ...]} of a Mosaic GPU profiler trace
+  (``traceEvents`` of nested B/E pairs, ``ts`` in thousands of cycles after
+  each warpgroup's first event), in time order.
+
+  Raises:
+    ValueError: if an E event has no open B of the same name.
+  """
+  out = collections.defaultdict(list)
+  stacks = collections.defaultdict(list)
+  for ev in trace["traceEvents"]:
+    key = (ev["pid"], ev["tid"])
+    if ev["ph"] == "B":
+      stacks[key].append((ev["name"], ev["ts"]))
+    elif ev["ph"] == "E":
+      if not stacks[key] or stacks[key][-1][0] != ev["name"]:
+        raise ValueError(f"trace: end of {ev['name']!r} without its begin "
+                         f"(pid {ev['pid']}, tid {ev['tid']})")
+      name, begin = stacks[key].pop()
+      out[key].append((name, begin, ev["ts"]))
+  return {k: sorted(v, key=lambda r: r[1]) for k, v in out.items()}
+
+
+def _overlap(a, b) -> float:
+  """Total length of the intersection of two lists of (begin, end)."""
+  total = 0.0
+  for s0, e0 in a:
+    for s1, e1 in b:
+      total += max(0.0, min(e0, e1) - max(s0, s1))
+  return total
+
+
+def summarize(trace: dict, traces_per_block: int, compute_wgs: int) -> dict:
+  """The per-CTA figures of the module doc, averaged over CTAs (kcyc and
+  fractions). ``traces_per_block``: warpgroups per CTA in the trace (3 for
+  the two-compute-warpgroup layouts, 1 otherwise); the compute warpgroups
+  are the first ``compute_wgs`` of each CTA.
+
+  Raises:
+    ValueError: if the trace holds no token_loop region.
+  """
+  blocks = collections.defaultdict(dict)
+  for (pid, tid), rows in intervals(trace).items():
+    block, wg = divmod(tid - 1, traces_per_block)
+    if wg < compute_wgs:
+      blocks[(pid, block)][wg] = rows
+  per = collections.defaultdict(list)
+  for wgs in blocks.values():
+    regions = {wg: {n: [(b, e) for m, b, e in rows if m == n] for n in REGIONS}
+               for wg, rows in wgs.items()}
+    tiles = sum(len(r["token_loop"]) for r in regions.values())
+    if not tiles:
+      continue
+    begin = min(b for r in regions.values() for n in REGIONS for b, _ in r[n])
+    end = max(e for r in regions.values() for n in REGIONS for _, e in r[n])
+    per["period"].append((end - begin) / tiles)
+    for n in REGIONS:
+      lengths = [e - b for r in regions.values() for b, e in r[n]]
+      if lengths:
+        per[n].append(float(np.mean(lengths)))
+    epi = sum(e - b for r in regions.values() for b, e in r["epilogue"])
+    if compute_wgs == 2 and len(regions) == 2 and epi > 0:
+      ov = (_overlap(regions[0]["epilogue"], regions[1]["token_loop"])
+            + _overlap(regions[1]["epilogue"], regions[0]["token_loop"]))
+      per["overlap"].append(ov / epi)
+      busy = {wg: r["token_loop"] + r["epilogue"] for wg, r in regions.items()}
+      alone = 0.0
+      for wg in (0, 1):
+        mine = regions[wg]["token_loop"]
+        alone += (sum(e - b for b, e in mine) - _overlap(mine, busy[1 - wg]))
+      per["tl_alone"].append(alone / (end - begin))
+    elif compute_wgs == 1:
+      per["overlap"].append(0.0)
+      per["tl_alone"].append(0.0)
+  if not per["period"]:
+    raise ValueError("trace: no token_loop region recorded")
+  return {k: float(np.mean(v)) for k, v in per.items()} | {
+      "ctas": len(per["period"])}
+
+
+def _inputs(mode: str, rule_name: str, t: int, d_in: int, d_out: int):
+  key = jax.random.key(t + d_in)
+  x = jax.random.normal(jax.random.fold_in(key, 0), (t, d_in), jnp.bfloat16)
+  dy = jax.random.normal(jax.random.fold_in(key, 1), (t, d_out), jnp.bfloat16)
+  sr = mode.endswith("-sr")
+  dtype = jnp.bfloat16 if mode.startswith("bf16") else jnp.float32
+  w = jax.random.normal(jax.random.fold_in(key, 9), (d_in, d_out),
+                        jnp.bfloat16 if sr else dtype)
+  state = ()
+  if rule_name == "adamw":
+    mu = (1e-2 * jax.random.normal(jax.random.fold_in(key, 10), (d_in, d_out)))
+    nu = mu * mu
+    if mode.startswith("int8"):
+      state = (quantization.quantize(mu, False), quantization.quantize(nu, True))
+    else:
+      state = (mu.astype(dtype), nu.astype(dtype))
+  return x, dy, w, state, (jnp.uint32(12345) if sr else None)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--shapes", default="2048:4096x14336", help="T:inxout, ','-separated")
+  p.add_argument("--modes", default="bf16-sr",
+                 help="fp32, bf16, int8 (fp32 W), bf16-sr, int8-sr (bf16 W "
+                 "rounded stochastically), ','-separated")
+  p.add_argument("--rules", default="adamw,sgd", help="adamw and/or sgd")
+  p.add_argument("--configs", default="default",
+                 help="'default' (MosaicConfig.default) and/or probe_mosaic "
+                 "names")
+  p.add_argument("--space", type=int, default=40,
+                 help="profiled ranges per warpgroup (16 bytes of shared "
+                 "memory each per warpgroup)")
+  p.add_argument("--dir", default=None, help="where the traces go (default: a "
+                 "new temporary directory)")
+  a = p.parse_args(argv)
+  for n in a.configs.split(","):
+    if n != "default" and n not in CONFIGS:
+      p.error(f"--configs: {n!r} is neither 'default' nor one of {list(CONFIGS)}")
+  for r in a.rules.split(","):
+    if r not in ("adamw", "sgd"):
+      p.error(f"--rules: {r!r} is not adamw or sgd")
+  for m in a.modes.split(","):
+    if m not in ("fp32", "bf16", "int8", "bf16-sr", "int8-sr"):
+      p.error(f"--modes: {m!r} is not fp32, bf16, int8, bf16-sr or int8-sr")
+  if a.space < 1:
+    p.error("--space must be >= 1")
+  if jax.devices()[0].platform != "gpu":
+    p.error("the on-device profiler needs a GPU")
+  root = a.dir or tempfile.mkdtemp(prefix="trace_mosaic_")
+  print(jax.__version__, jax.devices()[0].device_kind, "traces in", root, flush=True)
+  rows = []
+  for spec in a.shapes.split(","):
+    t, dims = spec.split(":")
+    t, (d_in, d_out) = int(t), map(int, dims.split("x"))
+    for mode in a.modes.split(","):
+      for rule_name in a.rules.split(","):
+        if rule_name == "sgd" and mode.startswith("int8"):
+          continue
+        rule = RULES[rule_name]
+        x, dy, w, state, seed = _inputs(mode, rule_name, t, d_in, d_out)
+        hp = rule.pack({n: HP[n] for n in rule.hyperparam_names}, 7)
+        for name in a.configs.split(","):
+          cfg = (mosaic_default_config(x, dy, w, state, rule, seed)
+                 if name == "default" else CONFIGS[name])
+          label = f"T={t} {d_in}x{d_out} {mode} {rule_name} {name}"
+          out = os.path.join(root, label.replace(" ", "_").replace(":", ""))
+          os.makedirs(out, exist_ok=True)
+          try:
+            with kernel_mosaic.profiled(out, a.space):
+              fn = jax.jit(lambda x, dy, w, st, hp, seed, cfg=cfg, rule=rule:
+                           fused_dw_update(x, dy, w, st, hp, rule=rule,
+                                           implementation="mosaic", config=cfg,
+                                           seed=seed))
+              for _ in range(3):  # the last call's trace is read
+                jax.block_until_ready(fn(x, dy, w, state, hp, seed))
+            files = sorted(glob.glob(os.path.join(out, "*-trace.json")))
+            with open(files[-1]) as f:
+              trace = json.load(f)
+            tpb = 3 if cfg.compute_wgs == 2 else 1
+            s = summarize(trace, tpb, cfg.compute_wgs)
+            rows.append((label, cfg, s))
+            print(label, {k: round(v, 3) for k, v in s.items()}, flush=True)
+          except Exception as e:  # noqa: BLE001 -- reported, the sweep goes on
+            print(f"{label}: ERROR {type(e).__name__}: {str(e)[:400]}", flush=True)
+  print("\n| shape, mode, rule, config | CTAs | period kcyc/tile | token_loop kcyc "
+        "| epilogue kcyc | overlap | tl_alone |\n|---|---|---|---|---|---|---|")
+  for label, cfg, s in rows:
+    print(f"| {label} | {s['ctas']} | {s['period']:.2f} | {s['token_loop']:.2f} "
+          f"| {s.get('epilogue', float('nan')):.2f} | {s['overlap']:.0%} "
+          f"| {s['tl_alone']:.0%} |")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,76 @@
+"""experiments/trace_mosaic's trace reading and kernel_mosaic.profiled's checks
+(the profiler itself needs a GPU; its runs are in docs/results.md)."""
+
+import pytest
+
+from experiments import trace_mosaic
+from pallas_kernels.fused_dw import kernel_mosaic
+
+
+def _events(pid, tid, spans):
+  out = []
+  for name, b, e in spans:
+    out += [dict(name=name, ph="B", ts=b, pid=pid, tid=tid),
+            dict(name=name, ph="E", ts=e, pid=pid, tid=tid)]
+  return out
+
+
+def test_summarize_ping_pong_by_hand():
+  # One CTA of three warpgroups (tids 1-3; 3 is the memory warpgroup, ignored).
+  trace = {"traceEvents":
+           _events(1, 1, [("token_loop", 0, 10), ("epilogue", 10, 16),
+                          ("token_loop", 20, 30), ("epilogue", 30, 36)])
+           + _events(1, 2, [("token_loop", 0, 20), ("epilogue", 20, 26),
+                            ("token_loop", 26, 40), ("epilogue", 40, 46)])
+           + _events(1, 3, [("token_loop", 0, 99)])}
+  s = trace_mosaic.summarize(trace, traces_per_block=3, compute_wgs=2)
+  assert s["ctas"] == 1
+  assert s["period"] == pytest.approx(46 / 4)
+  assert s["token_loop"] == pytest.approx((10 + 10 + 20 + 14) / 4)
+  assert s["epilogue"] == pytest.approx(6)
+  # Epilogue time under the other warpgroup's token loop: 6 + 6 + 6 + 0 of 24.
+  assert s["overlap"] == pytest.approx(18 / 24)
+  # wg1's token loop while wg0 is in neither region: [16, 20] and [36, 40].
+  assert s["tl_alone"] == pytest.approx(8 / 46)
+
+
+def test_summarize_one_warpgroup_ctas_average():
+  trace = {"traceEvents":
+           _events(1, 1, [("token_loop", 0, 8), ("epilogue", 8, 10)])
+           + _events(1, 2, [("token_loop", 0, 4), ("epilogue", 4, 8)])}
+  s = trace_mosaic.summarize(trace, traces_per_block=1, compute_wgs=1)
+  assert s["ctas"] == 2
+  assert s["period"] == pytest.approx((10 + 8) / 2)
+  assert s["token_loop"] == pytest.approx(6)
+  assert s["epilogue"] == pytest.approx(3)
+  assert s["overlap"] == 0 and s["tl_alone"] == 0
+
+
+def test_trace_errors():
+  with pytest.raises(ValueError, match="without its begin"):
+    trace_mosaic.intervals({"traceEvents": [
+        dict(name="epilogue", ph="E", ts=1, pid=1, tid=1)]})
+  with pytest.raises(ValueError, match="no token_loop"):
+    trace_mosaic.summarize({"traceEvents": _events(1, 1, [("epilogue", 0, 1)])},
+                           1, 1)
+
+
+def test_profiled_checks_and_restores():
+  with pytest.raises(ValueError, match="profile_space"):
+    with kernel_mosaic.profiled("/tmp/x", 0):
+      pass
+  with pytest.raises(ValueError, match="profile_dir"):
+    with kernel_mosaic.profiled("", 8):
+      pass
+  assert kernel_mosaic._PROFILE == {}
+  with kernel_mosaic.profiled("/tmp/x", 8):
+    assert kernel_mosaic._PROFILE["profile_space"] == 8
+    assert kernel_mosaic._PROFILE["profile_dir"] == "/tmp/x"
+  assert kernel_mosaic._PROFILE == {}
+
+
+def test_cli_refuses_bad_arguments():
+  for argv in (["--configs", "nope"], ["--rules", "lion"], ["--modes", "fp8"],
+               ["--space", "0"]):
+    with pytest.raises(SystemExit):
+      trace_mosaic.main(argv)
