@@ -32,7 +32,9 @@ import collections
 import glob
 import json
 import os
+import re
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,7 @@ from experiments.bench_fused_dw import RULES
 from experiments.probe_mosaic import CONFIGS, HP
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import fused_dw_update
+from pallas_kernels.fused_dw import fused_dw_update_reference
 from pallas_kernels.fused_dw import kernel_mosaic
 from pallas_kernels.fused_dw.api import mosaic_default_config
 
@@ -160,6 +163,11 @@ def main(argv=None):
   p.add_argument("--space", type=int, default=40,
                  help="profiled ranges per warpgroup (16 bytes of shared "
                  "memory each per warpgroup)")
+  p.add_argument("--scalars-at", default="tile",
+                 help="kernel_mosaic.SCALARS_AT values to compare: sub, tile "
+                 "and/or kernel, ','-separated")
+  p.add_argument("--reps", type=int, default=30,
+                 help="timed calls per variant (unprofiled, back to back)")
   p.add_argument("--dir", default=None, help="where the traces go (default: a "
                  "new temporary directory)")
   a = p.parse_args(argv)
@@ -174,6 +182,11 @@ def main(argv=None):
       p.error(f"--modes: {m!r} is not fp32, bf16, int8, bf16-sr or int8-sr")
   if a.space < 1:
     p.error("--space must be >= 1")
+  if a.reps < 1:
+    p.error("--reps must be >= 1")
+  for v in a.scalars_at.split(","):
+    if v not in ("sub", "tile", "kernel"):
+      p.error(f"--scalars-at: {v!r} is not sub, tile or kernel")
   if jax.devices()[0].platform != "gpu":
     p.error("the on-device profiler needs a GPU")
   root = a.dir or tempfile.mkdtemp(prefix="trace_mosaic_")
@@ -189,36 +202,68 @@ def main(argv=None):
         rule = RULES[rule_name]
         x, dy, w, state, seed = _inputs(mode, rule_name, t, d_in, d_out)
         hp = rule.pack({n: HP[n] for n in rule.hyperparam_names}, 7)
+        ref = jax.jit(lambda x, dy, w, st, hp, seed, rule=rule:
+                      fused_dw_update_reference(x, dy, w, st, hp, rule=rule,
+                                                seed=seed))
+        want = jax.tree.leaves(ref(x, dy, w, state, hp, seed))
         for name in a.configs.split(","):
           cfg = (mosaic_default_config(x, dy, w, state, rule, seed)
                  if name == "default" else CONFIGS[name])
-          label = f"T={t} {d_in}x{d_out} {mode} {rule_name} {name}"
-          out = os.path.join(root, label.replace(" ", "_").replace(":", ""))
-          os.makedirs(out, exist_ok=True)
-          try:
-            with kernel_mosaic.profiled(out, a.space):
-              fn = jax.jit(lambda x, dy, w, st, hp, seed, cfg=cfg, rule=rule:
-                           fused_dw_update(x, dy, w, st, hp, rule=rule,
-                                           implementation="mosaic", config=cfg,
-                                           seed=seed))
-              for _ in range(3):  # the last call's trace is read
-                jax.block_until_ready(fn(x, dy, w, state, hp, seed))
-            files = sorted(glob.glob(os.path.join(out, "*-trace.json")))
-            with open(files[-1]) as f:
-              trace = json.load(f)
-            tpb = 3 if cfg.compute_wgs == 2 else 1
-            s = summarize(trace, tpb, cfg.compute_wgs)
-            rows.append((label, cfg, s))
-            print(label, {k: round(v, 3) for k, v in s.items()}, flush=True)
-          except Exception as e:  # noqa: BLE001 -- reported, the sweep goes on
-            print(f"{label}: ERROR {type(e).__name__}: {str(e)[:400]}", flush=True)
-  print("\n| shape, mode, rule, config | CTAs | period kcyc/tile | token_loop kcyc "
-        "| epilogue kcyc | overlap | tl_alone |\n|---|---|---|---|---|---|---|")
-  for label, cfg, s in rows:
-    print(f"| {label} | {s['ctas']} | {s['period']:.2f} | {s['token_loop']:.2f} "
+          for where in a.scalars_at.split(","):
+            label = f"T={t} {d_in}x{d_out} {mode} {rule_name} {name} {where}"
+            try:
+              s = _run(x, dy, w, state, hp, seed, rule, cfg, where, a, root,
+                       label, want)
+              rows.append((label, s))
+              print(label, {k: round(v, 4) for k, v in s.items()}, flush=True)
+            except Exception as e:  # noqa: BLE001 -- reported, the sweep goes on
+              print(f"{label}: ERROR {type(e).__name__}: {str(e)[:400]}",
+                    flush=True)
+  print("\n| shape, mode, rule, config, scalars read | ms | err | CTAs | period "
+        "kcyc/tile | token_loop kcyc | epilogue kcyc | overlap | tl_alone |\n"
+        "|---|---|---|---|---|---|---|---|---|")
+  for label, s in rows:
+    print(f"| {label} | {s['ms']:.3f} | {s['err']:.1e} | {s['ctas']} "
+          f"| {s['period']:.2f} | {s['token_loop']:.2f} "
           f"| {s.get('epilogue', float('nan')):.2f} | {s['overlap']:.0%} "
           f"| {s['tl_alone']:.0%} |")
   return rows
+
+
+def _run(x, dy, w, state, hp, seed, rule, cfg, where, a, root, label, want):
+  """One variant: its error against the reference, its time unprofiled
+  (ms per call, ``a.reps`` calls back to back) and its trace's summary."""
+  old = kernel_mosaic.SCALARS_AT
+  kernel_mosaic.SCALARS_AT = where
+  try:
+    def make():
+      return jax.jit(lambda x, dy, w, st, hp, seed: fused_dw_update(
+          x, dy, w, st, hp, rule=rule, implementation="mosaic", config=cfg,
+          seed=seed))
+    fn = make()
+    got = jax.tree.leaves(fn(x, dy, w, state, hp, seed))
+    err = max(float(jnp.linalg.norm((g.astype(jnp.float32) - r.astype(jnp.float32)).ravel())
+                    / jnp.maximum(jnp.linalg.norm(r.astype(jnp.float32).ravel()), 1e-30))
+              for g, r in zip(got, want))
+    jax.block_until_ready(fn(x, dy, w, state, hp, seed))
+    t0 = time.perf_counter()
+    for _ in range(a.reps):
+      out = fn(x, dy, w, state, hp, seed)
+    jax.block_until_ready(out)
+    ms = (time.perf_counter() - t0) / a.reps * 1e3
+    out_dir = os.path.join(root, re.sub(r"[^A-Za-z0-9_.-]+", "_", label))
+    os.makedirs(out_dir, exist_ok=True)
+    with kernel_mosaic.profiled(out_dir, a.space):
+      prof = make()
+      for _ in range(2):  # the last call's trace is read
+        jax.block_until_ready(prof(x, dy, w, state, hp, seed))
+  finally:
+    kernel_mosaic.SCALARS_AT = old
+  files = sorted(glob.glob(os.path.join(out_dir, "*-trace.json")))
+  with open(files[-1]) as f:
+    trace = json.load(f)
+  s = summarize(trace, 3 if cfg.compute_wgs == 2 else 1, cfg.compute_wgs)
+  return {"ms": ms, "err": err, **s}
 
 
 if __name__ == "__main__":

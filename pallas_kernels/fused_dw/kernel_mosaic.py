@@ -762,6 +762,28 @@ def _layout(state, fold: int = 1) -> _Layout:
   return _Layout(tuple(states), tuple(is_scale), fold)
 
 
+SCALARS_AT = "sub"
+"""Where the kernel reads the rule's scalars (:func:`rule_scalars`, an HBM
+vector) into registers: ``'sub'``: at each epilogue sub-tile; ``'tile'``:
+once per tile, before its first sub-tile; ``'kernel'``: once per compute
+warpgroup, before its tile loop (the ping-pong layout; elsewhere as
+``'tile'``). A read after a barrier wait cannot be moved across it, so
+``'sub'`` waits on a dependent global load per scalar per sub-tile. A
+switch for ``experiments/trace_mosaic``'s comparisons; set before the
+kernel is traced."""
+
+
+def _read_scalars(scalars, where: str):
+  """The rule's scalars as loaded values where :data:`SCALARS_AT` reads them
+  at ``where`` (``'tile'`` also stands for ``'kernel'`` in the layouts
+  without a tile loop of their own); else unchanged (the ref, or values
+  already read)."""
+  wanted = (where,) if where == "kernel" else ("tile", "kernel")
+  if isinstance(scalars, list) or SCALARS_AT not in wanted:
+    return scalars
+  return [scalars[k] for k in range(scalars.shape[0])]
+
+
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
               out_refs, slot_ref, barrier, load_sub, origin,
               layout: _Layout):
@@ -784,6 +806,7 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   # s+ahead-slots, whose stores must have left shared memory first.
   ahead = config.epi_ahead
   pending_ok = config.epi_slots - ahead  # store groups that may stay in flight
+  scalars = _read_scalars(scalar_ref, "tile")
   for s, (i, j) in enumerate(subs):
     slot = s % config.epi_slots
     for a in range(n_arr):
@@ -804,7 +827,7 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
       state.append(values)
     grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
     new_w, new_state = _rule_in_kernel(
-        split, scalar_ref, grad, w, tuple(state),
+        split, scalars, grad, w, tuple(state),
         index_tiles=_index_tiles(split, (em, en), (row0, col0)))
     here(0)[...] = new_w.astype(bufs[0].dtype)
     if fold_rows:
@@ -1124,6 +1147,7 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
     @pl.when(wg < 2)
     def _compute():
       plgpu.set_max_registers(_COMPUTE_REGISTERS, action="increase")
+      scalars = _read_scalars(scalar_ref, "kernel")
 
       def barrier(a, s):
         return barriers.at[(wg * n_arr + a) * slots + s % slots]
@@ -1165,7 +1189,7 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
           acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
         with jax.named_scope("epilogue"):
           _epilogue(acc, subs=subs, config=config, split=split,
-                    scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
+                    scalar_ref=scalars, bufs=bufs, out_refs=out_refs,
                     slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
                     load_sub=load_sub, origin=origin, layout=layout)
           # The next tile's first loads reuse these buffers.
