@@ -235,6 +235,9 @@ def _run(x, dy, w, state, hp, seed, rule, cfg, where, a, root, label, want):
   (ms per call, ``a.reps`` calls back to back) and its trace's summary."""
   old = kernel_mosaic.SCALARS_AT
   kernel_mosaic.SCALARS_AT = where
+  # The kernel's own jit caches its lowering by shape and config alone: each
+  # variant (and the profiled build, which must not be timed) starts afresh.
+  jax.clear_caches()
   try:
     def make():
       return jax.jit(lambda x, dy, w, st, hp, seed: fused_dw_update(
@@ -253,12 +256,14 @@ def _run(x, dy, w, state, hp, seed, rule, cfg, where, a, root, label, want):
     ms = (time.perf_counter() - t0) / a.reps * 1e3
     out_dir = os.path.join(root, re.sub(r"[^A-Za-z0-9_.-]+", "_", label))
     os.makedirs(out_dir, exist_ok=True)
+    jax.clear_caches()
     with kernel_mosaic.profiled(out_dir, a.space):
       prof = make()
       for _ in range(2):  # the last call's trace is read
         jax.block_until_ready(prof(x, dy, w, state, hp, seed))
   finally:
     kernel_mosaic.SCALARS_AT = old
+    jax.clear_caches()
   files = sorted(glob.glob(os.path.join(out_dir, "*-trace.json")))
   with open(files[-1]) as f:
     trace = json.load(f)
