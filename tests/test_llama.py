@@ -568,15 +568,17 @@ def test_dot_product_attention_matches_einsum(dtype, tol, qk_norm):
 def _assert_attention_matches_einsum(cfg, attention, seq, tol):
   """Loss and gradients with ``attention`` equal those of 'einsum'."""
   tokens = _tokens(cfg, seq=seq)
-  params = Llama(cfg).init(jax.random.PRNGKey(3), tokens)["params"]
+  # Jitted: op-by-op dispatch of the init and of both gradients took most
+  # of this test's time.
+  params = jax.jit(Llama(cfg).init)(jax.random.PRNGKey(3), tokens)["params"]
 
   def loss(p, attention):
     model = Llama(dataclasses.replace(cfg, attention=attention))
     return cross_entropy_loss(model.apply({"params": p}, tokens[:, :-1]),
                               tokens[:, 1:])
 
-  (la, ga), (lb, gb) = (jax.value_and_grad(loss)(params, a)
-                        for a in ("einsum", attention))
+  grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  (la, ga), (lb, gb) = (grad(params, a) for a in ("einsum", attention))
   np.testing.assert_allclose(float(lb), float(la), rtol=tol)
   for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -844,7 +846,7 @@ def test_scanned_fused_step_needs_no_second_stack():
 
   def temp(scan):
     model = Llama(dataclasses.replace(cfg, scan_layers=scan), dense_cls=dense)
-    v = model.init(jax.random.key(0), tokens)
+    v = jax.jit(model.init)(jax.random.key(0), tokens)
     state = fj.TrainState.create(apply_fn=model.apply, variables=v,
                                  tx=optax.adamw(1e-3))
     step = fj.make_train_step(lambda vv, b: cross_entropy_loss(
@@ -884,7 +886,7 @@ def test_mosaic_kernels_train_the_model_like_the_reference(scan):
                 embed_cls=functools.partial(fj.ForgeEmbed, optimizer=opt()))
   tokens = _tokens(cfg, batch=1, seq=65, seed=3)
   batch = (tokens[:, :-1], tokens[:, 1:])
-  v = model.init(jax.random.PRNGKey(0), batch[0])
+  v = jax.jit(model.init)(jax.random.PRNGKey(0), batch[0])  # eager: 4 s more
   out = {}
   for impl in ("xla", "mosaic"):
     state = fj.TrainState.create(apply_fn=model.apply,
