@@ -8,10 +8,18 @@ import pytest
 from experiments import memory_llama
 
 
-def test_variants_run_and_report_memory_and_state(capsys):
-  optax_row = memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", steps=2)
-  int8_row = memory_llama.run_one("cpu-tiny", 16, "forge-fold-int8", "scan+remat",
-                                  steps=2)
+@pytest.fixture(scope="module")
+def full_rows():
+  """Two rows of the whole cpu-tiny model (every block): the optax baseline
+  unrolled, and fused folded int8 moments scanned with remat. Shared: each
+  variant's compile is most of a test's time."""
+  return (memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", steps=2),
+          memory_llama.run_one("cpu-tiny", 16, "forge-fold-int8", "scan+remat",
+                               steps=2))
+
+
+def test_variants_run_and_report_memory_and_state(capsys, full_rows):
+  optax_row, int8_row = full_rows
   assert int8_row["fused_embedding"] and not optax_row["fused_embedding"]
   for row in (optax_row, int8_row):
     assert row["temp_size_in_bytes"] > 0 and row["argument_size_in_bytes"] > 0
@@ -106,7 +114,7 @@ def test_layer_leaves_name_a_layer_alike_in_every_layout():
     np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys):
+def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys, full_rows):
   # --layers keeps that many blocks at the preset's widths; each row records
   # its loss per step, which scanned and unrolled layouts of one model share
   # (same init through the scanned twin, same batch): fp32 rounding apart.
@@ -124,8 +132,9 @@ def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys):
   assert moved["layers[0]/attn/q_proj/kernel"] > 0
   for k, v in moved.items():
     assert rows[1]["movement"][k] == pytest.approx(v, rel=2e-2, abs=1e-9), k
-  full = memory_llama.run_one("cpu-tiny", 16, "forge-int8", "unrolled", steps=1)
-  assert "n_layers" not in full and full["params"] > rows[0]["params"]
+  # A row of the whole model (no --layers): no n_layers, every block's params.
+  for full in full_rows:
+    assert "n_layers" not in full and full["params"] > rows[0]["params"]
   capsys.readouterr()
   memory_llama.print_table(rows)
   memory_llama.print_losses(rows + [dict(rows[0], error="timeout")])
@@ -183,8 +192,8 @@ def test_unrolled_init_from_the_scanned_twin_has_the_unrolled_tree(moments):
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert (a.shape, a.dtype) == (b.shape, b.dtype)
-  scanned = llama.Llama(dataclasses.replace(cfg, scan_layers=True),
-                        dense_cls=dense).init(key, tokens)
+  scanned = jax.jit(llama.Llama(dataclasses.replace(cfg, scan_layers=True),
+                                dense_cls=dense).init)(key, tokens)
   for coll in ("params", "forge_state"):
     for i in range(cfg.n_layers):
       for a, b in zip(jax.tree.leaves(got[coll][f"layers_{i}"]),
