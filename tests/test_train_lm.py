@@ -12,9 +12,11 @@ from experiments import train_lm
 from conftest import ON_GPU
 
 
-@pytest.fixture
-def text_file(tmp_path):
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
   # A made-up corpus (nothing from elsewhere): sentences of random words.
+  # Read only; one file for the module.
+  tmp_path = tmp_path_factory.mktemp("corpus")
   rng = np.random.default_rng(0)
   words = ["forge", "fused", "tile", "kernel", "moment", "adam", "jax", "flax",
            "gradient", "register", "update", "weight", "token", "the", "a"]
@@ -31,9 +33,18 @@ def _cfg(text_file, out, **kw):
   return train_lm.TrainConfig(**{**base, **kw})
 
 
-def test_train_writes_metrics_plot_and_checkpoint(text_file, tmp_path):
-  out = train_lm.main(_cfg(text_file, tmp_path / "run"))
-  with open(tmp_path / "run" / "metrics.json") as f:
+@pytest.fixture(scope="module")
+def default_run(text_file, tmp_path_factory):
+  """(summary, run directory) of one uninterrupted run with _cfg's defaults
+  (forge-adamw, fp32 params, 8 steps): checked on its own below, and the
+  uninterrupted run the float32 resume test compares with. Tests only read it."""
+  run = tmp_path_factory.mktemp("default") / "run"
+  return train_lm.main(_cfg(text_file, run)), run
+
+
+def test_train_writes_metrics_plot_and_checkpoint(default_run):
+  out, run = default_run
+  with open(run / "metrics.json") as f:
     on_disk = json.load(f)
   assert on_disk["summary"] == out["summary"]
   recs = on_disk["records"]
@@ -43,8 +54,8 @@ def test_train_writes_metrics_plot_and_checkpoint(text_file, tmp_path):
   assert recs[-1]["loss"] < recs[0]["loss"]  # it learns
   assert on_disk["config"]["optimizer"] == "forge-adamw"
   assert on_disk["fused_layers"] == 7 * 4  # q k v o gate up down, 4 layers
-  assert os.path.getsize(tmp_path / "run" / "loss.png") > 1000
-  assert os.path.isdir(tmp_path / "run" / "checkpoints" / "8")
+  assert os.path.getsize(run / "loss.png") > 1000
+  assert os.path.isdir(run / "checkpoints" / "8")
 
 
 def _final_checkpoint(out):
@@ -56,16 +67,20 @@ def _final_checkpoint(out):
 
 
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
-def test_resume_continues_exactly(text_file, tmp_path, param_dtype):
+def test_resume_continues_exactly(text_file, tmp_path, param_dtype, request):
   # bfloat16: the fused kernels round the new weights stochastically, so the
   # resumed run must also continue the rounding bits' counter.
   kw = dict(param_dtype=param_dtype)
-  full = train_lm.main(_cfg(text_file, tmp_path / "full", **kw))
+  if param_dtype == "float32":  # _cfg's defaults: the shared run is this one
+    full, full_dir = request.getfixturevalue("default_run")
+  else:
+    full_dir = tmp_path / "full"
+    full = train_lm.main(_cfg(text_file, full_dir, **kw))
   train_lm.main(_cfg(text_file, tmp_path / "split", stop_at=5, **kw))
   resumed = train_lm.main(_cfg(text_file, tmp_path / "split", resume=True, **kw))
   assert [r["step"] for r in resumed["records"]] == list(range(1, 9))
   # The final params, fused kernels and every optimizer state, bit for bit.
-  step_a, a_state = _final_checkpoint(tmp_path / "full")
+  step_a, a_state = _final_checkpoint(full_dir)
   step_b, b_state = _final_checkpoint(tmp_path / "split")
   assert step_a == step_b == 8
   assert jax.tree.structure(a_state) == jax.tree.structure(b_state)
