@@ -225,8 +225,9 @@ def main(argv=None):
   for label, s in rows:
     print(f"| {label} | {s['ms']:.3f} | {s['err']:.1e} | {s['ctas']} "
           f"| {s['period']:.2f} | {s['token_loop']:.2f} "
-          f"| {s.get('epilogue', float('nan')):.2f} | {s['overlap']:.0%} "
-          f"| {s['tl_alone']:.0%} |")
+          f"| {s.get('epilogue', float('nan')):.2f} "
+          f"| {s.get('overlap', float('nan')):.0%} "
+          f"| {s.get('tl_alone', float('nan')):.0%} |")
   return rows
 
 

@@ -762,7 +762,7 @@ def _layout(state, fold: int = 1) -> _Layout:
   return _Layout(tuple(states), tuple(is_scale), fold)
 
 
-SCALARS_AT = "kernel"
+SCALARS_AT = "tile"
 """Where the kernel reads the rule's scalars (:func:`rule_scalars`, an HBM
 vector) into registers: ``'sub'``: at each epilogue sub-tile; ``'tile'``:
 once per tile, before its first sub-tile; ``'kernel'``: once per compute
