@@ -265,11 +265,14 @@ class MosaicConfig:
     multiprocessor (its persistent CTAs run their tiles' token loops one
     at a time, so with fewer tiles it would leave multiprocessors idle):
 
-    * bf16 W and states from T=2048 on: 128×128 tiles, 4 stages and 64×64
+    * bf16 W and states from T=2048 on: 128×128 tiles, 4 stages and 64×32
       epilogue sub-tiles below T=8192 (T=2048: 0.506 against 0.626 ms for
       the one-warpgroup tile with W rounded to nearest, 0.579 against 0.703
-      with stochastic rounding), 5 stages and 64×32 sub-tiles from T=8192
-      on (1.406 against 1.556 ms, nearest);
+      with stochastic rounding, both with 64×64 sub-tiles; stop 28, the
+      scalars read once per tile, stochastic rounding, 64×32 against 64×64:
+      0.534 against 0.567 ms at 4096→14336, 0.549 against 0.589 at
+      14336→4096, 0.180 against 0.191 at 4096→4096; 64×16: 1.109), 5 stages
+      and 64×32 sub-tiles from T=8192 on (1.406 against 1.556 ms, nearest);
     * int8 states from T=8192 on: 64×128 tiles, 5 stages (fp32 W: 1.983
       against 2.204 ms). Not below: at T=512 with bf16 W rounded
       stochastically it took 0.808 against 0.495 ms (with fp32 W, 0.469
@@ -320,7 +323,8 @@ class MosaicConfig:
         return cls(max_concurrent_steps=5, epi_n=32, compute_wgs=2,
                    ping_pong=True)
       if narrow and t >= 2048:
-        return cls(max_concurrent_steps=4, compute_wgs=2, ping_pong=True)
+        return cls(max_concurrent_steps=4, epi_n=32, compute_wgs=2,
+                   ping_pong=True)
       if not narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=16, compute_wgs=2,
                    ping_pong=True)
@@ -768,9 +772,15 @@ vector) into registers: ``'sub'``: at each epilogue sub-tile; ``'tile'``:
 once per tile, before its first sub-tile; ``'kernel'``: once per compute
 warpgroup, before its tile loop (the ping-pong layout; elsewhere as
 ``'tile'``). A read after a barrier wait cannot be moved across it, so
-``'sub'`` waits on a dependent global load per scalar per sub-tile. A
-switch for ``experiments/trace_mosaic``'s comparisons; set before the
-kernel is traced."""
+``'sub'`` waits on a dependent global load per scalar per sub-tile. Stop 28
+(H200, ``experiments/trace_mosaic``, AdamW, bf16 W rounded stochastically,
+T=2048, 4096→14336, ms): ping-pong with 64×64 sub-tiles 0.577 ``'sub'``,
+0.567 ``'tile'``, 0.604–0.606 ``'kernel'`` (its epilogue took 45 against 38
+thousand cycles per tile: the scalars held through the token loop cost
+registers); with 64×32 sub-tiles 0.627 ``'sub'``, 0.534 ``'tile'``; the
+one-warpgroup int8 tile (64×128) 0.736 ``'sub'`` against 0.700 and at
+T=512 0.496 against 0.451. A switch for those comparisons; set it before
+the kernel is traced (the kernel's jit caches its lowering)."""
 
 
 def _read_scalars(scalars, where: str):
