@@ -36,9 +36,10 @@ column, or a fused backward ran other than once.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
+
+from experiments import memory_llama
 
 IMPLEMENTATIONS = ("xla", "auto", "mosaic", "triton")
 
@@ -185,39 +186,23 @@ def main(argv=None) -> int:
   if kernels and not a.interpret and jax.default_backend() != "gpu":
     p.error(f"--variants {kernels} need a GPU (found {jax.default_backend()!r}) "
             "or --interpret")
-  cfg = llama.get_config(
-      a.model, max_seq_len=max(a.tokens, 8), remat="remat" in a.layout,
-      scan_layers=a.layout.startswith("scan"), dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16, attention=a.attention,
-      logits_dtype=jnp.bfloat16)
-  if a.layers:
-    if a.layers > cfg.n_layers:
-      p.error(f"--layers={a.layers} must be at most {cfg.n_layers}")
-    cfg = dataclasses.replace(cfg, n_layers=a.layers)
-  lr = 1e-4
-  moments = jnp.int8 if a.moments == "int8" else jnp.bfloat16
-  opt = lambda: fj.adamw(lr, mu_dtype=moments, nu_dtype=moments)  # noqa: E731
-  dense = functools.partial(fj.ForgeDense, optimizer=opt())
-  head = embed = None
-  if not cfg.tie_embeddings:
-    head = dense
-    if a.embedding == "fused":
-      embed = functools.partial(fj.ForgeEmbed, optimizer=opt())
-  model = llama.Llama(cfg, dense_cls=dense, head_cls=head, embed_cls=embed)
-  tokens = jax.random.randint(jax.random.key(1), (1, a.tokens + 1), 0,
-                              cfg.vocab_size)
-  batch = (tokens[:, :-1], tokens[:, 1:])
+  cfg = llama.get_config(a.model)
+  if a.layers > cfg.n_layers:
+    p.error(f"--layers={a.layers} must be at most {cfg.n_layers}")
+  # The model, batch and optimizer as memory_llama builds its fused variants.
+  cfg, model, batch, tx = memory_llama.build(
+      a.model, a.tokens, f"forge-{a.moments}", a.layout, attention=a.attention,
+      logits_dtype="bfloat16", embedding=a.embedding, layers=a.layers)
   unrolled = not cfg.scan_layers
 
   def make_state(seed):  # the same init every call (key 0)
     if unrolled:  # memory_llama's: from the scanned twin, quicker to compile
-      from experiments import memory_llama  # pylint: disable=g-import-not-at-top
       variables = memory_llama._unrolled_init(  # pylint: disable=protected-access
           model, jax.random.key(0), batch[0])
     else:
       variables = jax.jit(model.init)(jax.random.key(0), batch[0])
     return fj.TrainState.create(apply_fn=model.apply, variables=variables,
-                                tx=opt(), seed=seed)
+                                tx=tx, seed=seed)
 
   def leaves(state):
     tree = {"params": state.params}

@@ -185,6 +185,74 @@ def _unrolled_init(model, key, tokens, how: dict | None = None):
   return out
 
 
+def build(model_name: str, tokens: int, optimizer: str, layout: str, *,
+          attention: str = "einsum", logits_dtype: str = "float32",
+          embedding: str = "fused", tp: int = 1, layers: int = 0,
+          learning_rate: float = 1e-4):
+  """One variant's model and optimizer: ``(cfg, model, batch, tx)``.
+
+  The preset ``model_name`` (``layers`` > 0: that many blocks) in bf16 with
+  ``layout``'s scan and remat; ``optimizer`` 'optax' (flax Dense,
+  ``optax.adamw`` with bf16 moments) or a fused one ('forge-bf16',
+  'forge-int8', 'forge-fold-int8': ForgeDense projections with AdamW, or
+  fold_adam at l = 3, keeping moments of that dtype; the untied head fused
+  too with AdamW, and the untied embedding with ForgeEmbed unless
+  ``embedding='unfused'``, both on one GPU only: with ``tp`` > 1 they stay
+  unfused and replicated). ``batch`` is (tokens, next tokens) of shape (1,
+  ``tokens``) from key 1; ``tx`` the state's transform.
+
+  Raises:
+    ValueError: for ``embedding`` not 'fused' or 'unfused', ``layers``
+      outside [0, the preset's blocks], or ``tp`` > 1 with 'optax'.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+  import optax
+  import flax.linen as nn
+
+  import forge_jax as fj
+  from forge_jax.models import llama
+
+  if embedding not in ("fused", "unfused"):
+    raise ValueError(f"embedding={embedding!r} must be 'fused' or 'unfused'")
+  if tp > 1 and optimizer == "optax":
+    raise ValueError("tp > 1 is for the fused variants (ForgeDense kernel_axes)")
+  cfg = llama.get_config(
+      model_name, max_seq_len=max(tokens, 8), remat="remat" in layout,
+      scan_layers=layout.startswith("scan"), dtype=jnp.bfloat16,
+      param_dtype=jnp.bfloat16, attention=attention,
+      logits_dtype=jnp.dtype(logits_dtype),
+      tensor_parallel_axis="model" if tp > 1 else None)
+  if not 0 <= layers <= cfg.n_layers:
+    raise ValueError(f"layers={layers} must be in [0, {cfg.n_layers}] "
+                     f"(0: all of {model_name}'s blocks)")
+  if layers:
+    cfg = dataclasses.replace(cfg, n_layers=layers)
+  lr = learning_rate
+  head = embed = None  # flax Dense and Embed
+  if optimizer == "optax":
+    dense, tx = nn.Dense, optax.adamw(lr, mu_dtype=jnp.bfloat16)
+  else:
+    moments = jnp.int8 if optimizer.endswith("int8") else jnp.bfloat16
+    kw = dict(mu_dtype=moments, nu_dtype=moments)
+    fused = (fj.fold_adam(lr, fold_level=3, **kw) if "fold" in optimizer
+             else fj.adamw(lr, **kw))
+    dense = functools.partial(fj.ForgeDense, optimizer=fused)
+    # The untied head (V x D, the largest matrix) fused too, plain AdamW with
+    # the same moments: its gradient never exists either. One GPU only: under
+    # tensor parallelism the head stays an unfused, replicated Dense.
+    # The untied embedding too (ForgeEmbed): its (V, D) gradient never
+    # exists either.
+    if not cfg.tie_embeddings and tp == 1:
+      head = functools.partial(fj.ForgeDense, optimizer=fj.adamw(lr, **kw))
+      if embedding == "fused":
+        embed = functools.partial(fj.ForgeEmbed, optimizer=fj.adamw(lr, **kw))
+    tx = fj.adamw(lr, **kw)
+  model = llama.Llama(cfg, dense_cls=dense, head_cls=head, embed_cls=embed)
+  batch = jax.random.randint(jax.random.key(1), (1, tokens + 1), 0, cfg.vocab_size)
+  return cfg, model, (batch[:, :-1], batch[:, 1:]), tx
+
+
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
             logits_dtype: str = "float32", implementation: str = "auto",
@@ -209,62 +277,25 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   initialized directly into its shards and the step runs under
   ``jax.set_mesh``; the peak reported is the largest over the devices.
   """
-  if embedding not in ("fused", "unfused"):
-    raise ValueError(f"embedding={embedding!r} must be 'fused' or 'unfused'")
   t_phase = time.perf_counter()  # "init" counts the imports below too
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp
   import numpy as np
   import optax
-  import flax.linen as nn
 
   import forge_jax as fj
   from forge_jax.models import llama
   from pallas_kernels import fused_dw
 
-  cfg = llama.get_config(
-      model_name, max_seq_len=max(tokens, 8), remat="remat" in layout,
-      scan_layers=layout.startswith("scan"), dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16, attention=attention,
-      logits_dtype=jnp.dtype(logits_dtype),
-      tensor_parallel_axis="model" if tp > 1 and optimizer != "optax" else None)
-  if not 0 <= layers <= cfg.n_layers:
-    raise ValueError(f"layers={layers} must be in [0, {cfg.n_layers}] "
-                     f"(0: all of {model_name}'s blocks)")
-  if layers:
-    cfg = dataclasses.replace(cfg, n_layers=layers)
+  cfg, model, batch, tx = build(model_name, tokens, optimizer, layout,
+                                attention=attention, logits_dtype=logits_dtype,
+                                embedding=embedding, tp=tp, layers=layers)
   mesh = None
   if tp > 1:
-    if optimizer == "optax":
-      raise ValueError("tp > 1 is for the fused variants (ForgeDense kernel_axes)")
     mesh = jax.make_mesh((tp,), ("model",), devices=jax.devices()[:tp],
                          axis_types=(jax.sharding.AxisType.Auto,))
   # The fused step is traced and run under the mesh (tensor parallelism).
   in_mesh = (contextlib.nullcontext if mesh is None
              else functools.partial(jax.set_mesh, mesh))
-  lr = 1e-4
-  head = embed = None  # flax Dense and Embed
-  if optimizer == "optax":
-    dense, tx = nn.Dense, optax.adamw(lr, mu_dtype=jnp.bfloat16)
-  else:
-    moments = jnp.int8 if optimizer.endswith("int8") else jnp.bfloat16
-    kw = dict(mu_dtype=moments, nu_dtype=moments)
-    fused = (fj.fold_adam(lr, fold_level=3, **kw) if "fold" in optimizer
-             else fj.adamw(lr, **kw))
-    dense = functools.partial(fj.ForgeDense, optimizer=fused)
-    # The untied head (V x D, the largest matrix) fused too, plain AdamW with
-    # the same moments: its gradient never exists either. One GPU only: under
-    # tensor parallelism the head stays an unfused, replicated Dense.
-    # The untied embedding too (ForgeEmbed): its (V, D) gradient never
-    # exists either.
-    if not cfg.tie_embeddings and tp == 1:
-      head = functools.partial(fj.ForgeDense, optimizer=fj.adamw(lr, **kw))
-      if embedding == "fused":
-        embed = functools.partial(fj.ForgeEmbed, optimizer=fj.adamw(lr, **kw))
-    tx = fj.adamw(lr, **kw)
-  model = llama.Llama(cfg, dense_cls=dense, head_cls=head, embed_cls=embed)
-  batch = jax.random.randint(jax.random.key(1), (1, tokens + 1), 0, cfg.vocab_size)
-  batch = (batch[:, :-1], batch[:, 1:])
   phases = {}
 
   def phase(name):  # seconds per phase; printed so a timeout can name it
@@ -364,7 +395,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               implementation=None if optimizer == "optax" else implementation,
               resolved_implementation=None if optimizer == "optax" else
               fused_dw.resolve_implementation(implementation),
-              fused_embedding=embed is not None,
+              fused_embedding=model.embed_cls is not None,
               **analysis,
               param_bytes=param_bytes, optimizer_state_bytes=state_bytes,
               peak_bytes=peak, step_s=median,

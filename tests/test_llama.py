@@ -865,15 +865,24 @@ def test_scanned_fused_step_needs_no_second_stack():
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-def test_mosaic_kernels_train_the_model_like_the_reference(scan):
+def test_mosaic_kernels_train_the_model_like_the_reference(scan, capfd):
   """A Llama trained by the Mosaic kernels (interpret mode) follows the same
   step with implementation='xla': bf16 weights rounded stochastically, int8
   moments, the fused head and ForgeEmbed, per-block remat, two steps, both
-  layouts. XLA compiles the two programs' fp32 arithmetic differently, so a
-  value near a rounding or int8 quantization boundary may land on the other
-  side: a bf16 ulp per step on a few percent of the weights, and where an
-  int8 moment's code flips, a fraction of a step on that element. (On the
-  H200 the 8B steps of the two differ far more: docs/results.md, stop 26.)"""
+  layouts.
+
+  Two checks. (1) Exactness: ``fused_step(audit=True)`` compares every
+  fused update with the unfused one on that layer's own (x, dY) inside the
+  same program; they agree but for fp32 summation order (a value on a
+  rounding boundary). (2) The trajectory: XLA compiles the rest of the two
+  programs (the activation gradients around the kernels) differently, and
+  any change of the kernel's code changes that compilation (stop 28: where
+  the kernel reads its scalars moved 5.8% of one kernel's weights by a bf16
+  ulp after two steps, with every audit exact). So a few percent of the
+  weights differ by a bf16 ulp per step, and where an int8 moment's code
+  flips, by a fraction of a step; bounded loosely, as an update lost or
+  applied twice would not be. (On the H200 the 8B steps differ the same
+  way, by more: docs/results.md, stops 26–28.)"""
   import forge_jax as fj
   cfg = LlamaConfig(vocab_size=256, d_model=128, n_layers=2, n_heads=4,
                     n_kv_heads=2, ffn_dim=256, max_seq_len=64, remat=True,
@@ -887,31 +896,44 @@ def test_mosaic_kernels_train_the_model_like_the_reference(scan):
   tokens = _tokens(cfg, batch=1, seq=65, seed=3)
   batch = (tokens[:, :-1], tokens[:, 1:])
   v = jax.jit(model.init)(jax.random.PRNGKey(0), batch[0])  # eager: 4 s more
+
+  def loss_fn(vv, b):
+    return cross_entropy_loss(model.apply(vv, b[0]), b[1])
+
   out = {}
+  capfd.readouterr()
   for impl in ("xla", "mosaic"):
     state = fj.TrainState.create(apply_fn=model.apply,
                                  variables=jax.tree.map(jnp.copy, v), tx=opt())
-    step = fj.make_train_step(
-        lambda vv, b: cross_entropy_loss(model.apply(vv, b[0]), b[1]),
-        implementation=impl, interpret=impl != "xla")
+    step = jax.jit(functools.partial(
+        fj.fused_step, loss_fn=loss_fn, implementation=impl,
+        interpret=impl != "xla", audit=impl != "xla"), donate_argnums=(0,))
     losses = []
     for _ in range(steps):
       state, m = step(state, batch)
+      assert bool(m["forge_backward_ok"])
       losses.append(float(m["loss"]))
     out[impl] = losses, jax.device_get(state.params)
+  jax.effects_barrier()
+  audits = [float(r.split("err ")[1].split(",")[0])
+            for r in capfd.readouterr().out.splitlines()
+            if r.startswith("forge audit ")]
+  # 7 projections x 2 blocks and the head (ForgeEmbed is not audited), per step.
+  assert len(audits) == 15 * steps, audits
+  assert max(audits) <= 2e-3, audits
   assert out["xla"][0][1] < out["xla"][0][0]  # it trains
-  np.testing.assert_allclose(out["mosaic"][0], out["xla"][0], rtol=1e-5)
+  np.testing.assert_allclose(out["mosaic"][0], out["xla"][0], rtol=1e-4)
   for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(out["xla"][1]),
                                jax.tree.leaves(out["mosaic"][1])):
     want = np.asarray(want, np.float32)
     got = np.asarray(got, np.float32)
     differ = want != got
-    assert differ.mean() <= 0.05, (path, differ.mean())
+    assert differ.mean() <= 0.15, (path, differ.mean())
     # a bf16 ulp (8 bits of mantissa) per step, at the larger magnitude
     big = np.maximum(np.maximum(np.abs(want), np.abs(got)), 1e-30)
     ulp = 2.0 ** (np.floor(np.log2(big)) - 7)
-    # More only where an int8 moment's code flipped (one element in 10^4
-    # or so): its step differs by a fraction of the learning rate.
+    # More only where an int8 moment's code flipped: its step differs by a
+    # fraction of the learning rate.
     far = np.abs(got - want) > 2 * ulp
-    assert far.mean() <= 1e-3, (path, far.mean())
+    assert far.mean() <= 0.02, (path, far.mean())
     assert np.all(np.abs(got - want) <= lr * steps), path
