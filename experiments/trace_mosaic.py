@@ -151,7 +151,9 @@ def _inputs(mode: str, rule_name: str, t: int, d_in: int, d_out: int):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--shapes", default="2048:4096x14336", help="T:inxout, ','-separated")
   p.add_argument("--modes", default="bf16-sr",
                  help="fp32, bf16, int8 (fp32 W), bf16-sr, int8-sr (bf16 W "
@@ -187,14 +189,20 @@ def main(argv=None):
   for v in a.scalars_at.split(","):
     if v not in ("sub", "tile", "kernel"):
       p.error(f"--scalars-at: {v!r} is not sub, tile or kernel")
+  shapes = []
+  for spec in a.shapes.split(","):
+    try:
+      t, dims = spec.split(":")
+      shapes.append((int(t), *map(int, dims.split("x"))))
+      assert len(shapes[-1]) == 3 and min(shapes[-1]) > 0
+    except (ValueError, AssertionError):
+      p.error(f"--shapes: {spec!r} is not T:inxout with positive integers")
   if jax.devices()[0].platform != "gpu":
     p.error("the on-device profiler needs a GPU")
   root = a.dir or tempfile.mkdtemp(prefix="trace_mosaic_")
   print(jax.__version__, jax.devices()[0].device_kind, "traces in", root, flush=True)
   rows = []
-  for spec in a.shapes.split(","):
-    t, dims = spec.split(":")
-    t, (d_in, d_out) = int(t), map(int, dims.split("x"))
+  for t, d_in, d_out in shapes:
     for mode in a.modes.split(","):
       for rule_name in a.rules.split(","):
         if rule_name == "sgd" and mode.startswith("int8"):

@@ -71,6 +71,7 @@ def test_profiled_checks_and_restores():
 
 def test_cli_refuses_bad_arguments():
   for argv in (["--configs", "nope"], ["--rules", "lion"], ["--modes", "fp8"],
-               ["--space", "0"], ["--scalars-at", "warp"], ["--reps", "0"]):
+               ["--space", "0"], ["--scalars-at", "warp"], ["--reps", "0"],
+               ["--shapes", "bogus"], ["--shapes", "2048:4096x0"]):
     with pytest.raises(SystemExit):
       trace_mosaic.main(argv)

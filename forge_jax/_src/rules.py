@@ -137,6 +137,11 @@ class ElementwiseRule:
     for n in self.hyperparam_names:
       out[n] = _real_scalar(n, raw[n])
     concrete = {n: v for n, v in raw.items() if not isinstance(v, jax.core.Tracer)}
+    if "learning_rate" in concrete:
+      lr = float(np.asarray(concrete["learning_rate"], np.float64).reshape(()))
+      if not 0.0 <= lr < float("inf"):  # NaN too
+        raise ValueError(f"learning_rate={lr} must be finite and >= 0 (for "
+                         "gradient ascent, negate the loss)")
     self.check(concrete)
     for n, fn in self.derived:
       out[n] = jnp.asarray(fn(raw), jnp.float32)
@@ -176,7 +181,7 @@ def check_count(count: Any) -> None:
 
 
 def _real_scalar(name: str, value: Any) -> Array:
-  if value is None or callable(value):
+  if value is None or callable(value) or isinstance(value, (str, bytes)):
     raise ValueError(f"hyperparameter {name!r} must be a real scalar, got "
                      f"{type(value).__name__}")
   try:
