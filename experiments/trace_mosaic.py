@@ -131,6 +131,22 @@ def summarize(trace: dict, traces_per_block: int, compute_wgs: int) -> dict:
       "ctas": len(per["period"])}
 
 
+def regions_reason(cfg, d_in: int, d_out: int, space: int) -> str:
+  """Why ``cfg`` cannot be traced here ('' if it can): its layout marks
+  no regions (the cooperative two-warpgroup layout, ``early_epilogue``), or
+  ``space`` ranges per warpgroup are fewer than its tiles need (two per
+  tile, plus one)."""
+  if cfg.early_epilogue or (cfg.compute_wgs == 2 and not cfg.ping_pong):
+    return ("its layout marks no token_loop/epilogue regions (only the "
+            "one-warpgroup layout without early_epilogue and ping-pong do)")
+  tiles = -(-d_in // cfg.block_m) * -(-d_out // cfg.block_n)
+  per_wg = 1 if cfg.compute_wgs == 1 else -(-tiles // (
+      2 * (cfg.num_ctas or kernel_mosaic.num_sms())))
+  if 2 * per_wg + 1 > space:
+    return f"--space {space} is below the {2 * per_wg + 1} ranges its tiles need"
+  return ""
+
+
 def _inputs(mode: str, rule_name: str, t: int, d_in: int, d_out: int):
   key = jax.random.key(t + d_in)
   x = jax.random.normal(jax.random.fold_in(key, 0), (t, d_in), jnp.bfloat16)
@@ -217,6 +233,11 @@ def main(argv=None):
         for name in a.configs.split(","):
           cfg = (mosaic_default_config(x, dy, w, state, rule, seed)
                  if name == "default" else CONFIGS[name])
+          reason = regions_reason(cfg, d_in, d_out, a.space)
+          if reason:
+            print(f"T={t} {d_in}x{d_out} {mode} {rule_name} {name}: SKIPPED, "
+                  f"{reason}", flush=True)
+            continue
           for where in a.scalars_at.split(","):
             label = f"T={t} {d_in}x{d_out} {mode} {rule_name} {name} {where}"
             try:
@@ -265,6 +286,8 @@ def _run(x, dy, w, state, hp, seed, rule, cfg, where, a, root, label, want):
     ms = (time.perf_counter() - t0) / a.reps * 1e3
     out_dir = os.path.join(root, re.sub(r"[^A-Za-z0-9_.-]+", "_", label))
     os.makedirs(out_dir, exist_ok=True)
+    for old_trace in glob.glob(os.path.join(out_dir, "*-trace.json")):
+      os.remove(old_trace)  # a run that writes none must not read a stale one
     jax.clear_caches()
     with kernel_mosaic.profiled(out_dir, a.space):
       prof = make()

@@ -138,9 +138,12 @@ def test_adagrad_state_starts_at_its_initial_value(rng):
     (lambda: fj.lion(0.1, b2=2.0), "b2=2.0 must be in"),
     (lambda: fj.radam(0.1, threshold=None), "'threshold' must be a real scalar"),
     (lambda: fj.adamw("3e-4"), "'learning_rate' must be a real scalar, got str"),
-    (lambda: fj.adamw(-1e-3), "learning_rate=-0.001 must be finite and >= 0"),
-    (lambda: fj.lion(float("nan")), "learning_rate=nan must be finite"),
-    (lambda: fj.sgd(float("inf")), "learning_rate=inf must be finite"),
+    (lambda: fj.adamw(-1e-3), "learning_rate=-0.001 must be >= 0 and finite"),
+    (lambda: fj.lion(float("nan")), "learning_rate=nan must be >= 0"),
+    (lambda: fj.sgd(float("inf")), "learning_rate=inf must be >= 0 and finite"),
+    (lambda: fj.adamw(1e39), "learning_rate=1e.39 must be >= 0 and finite in float32"),
+    (lambda: fj.fold_adam(-1e-3), "learning_rate=-0.001 must be >= 0"),
+    (lambda: fj.fold_adam("3e-4"), "'learning_rate' must be a real scalar, got str"),
 ])
 def test_bad_hyperparameters_are_refused(make, match):
   with pytest.raises(ValueError, match=match):

@@ -62,6 +62,9 @@ def test_profiled_checks_and_restores():
   with pytest.raises(ValueError, match="profile_dir"):
     with kernel_mosaic.profiled("", 8):
       pass
+  with pytest.raises(ValueError, match="profile_space"):
+    with kernel_mosaic.profiled("/tmp/x", True):
+      pass
   assert kernel_mosaic._PROFILE == {}
   with kernel_mosaic.profiled("/tmp/x", 8):
     assert kernel_mosaic._PROFILE["profile_space"] == 8
@@ -75,3 +78,21 @@ def test_cli_refuses_bad_arguments():
                ["--shapes", "bogus"], ["--shapes", "2048:4096x0"]):
     with pytest.raises(SystemExit):
       trace_mosaic.main(argv)
+
+
+def test_regions_reason():
+  C = trace_mosaic.CONFIGS
+  # Ping-pong at 4096x14336 on 132 multiprocessors: 3584 tiles, 14 per
+  # warpgroup, 29 ranges.
+  assert trace_mosaic.regions_reason(C["PP_n128s4e64"], 4096, 14336, 40) == ""
+  assert "below the 29" in trace_mosaic.regions_reason(
+      C["PP_n128s4e64"], 4096, 14336, 28)
+  assert trace_mosaic.regions_reason(C["m128n128t64s3"], 64, 64, 3) == ""
+  assert "marks no" in trace_mosaic.regions_reason(C["WS_A_n128s2e32"], 4096, 4096, 99)
+  assert "marks no" in trace_mosaic.regions_reason(C["m128n128t64s3E"], 4096, 4096, 99)
+
+
+def test_scalars_at_is_checked(monkeypatch):
+  monkeypatch.setattr(kernel_mosaic, "SCALARS_AT", "Tile")
+  with pytest.raises(ValueError, match="SCALARS_AT='Tile'"):
+    kernel_mosaic._read_scalars([1.0], "tile")

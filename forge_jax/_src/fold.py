@@ -259,6 +259,9 @@ class FoldAdamRule:
     missing = [n for n in self.hyperparam_names if n not in raw]
     if missing:
       raise ValueError(f"hyperparams is missing {missing} for rule {self.name!r}")
+    for n in self.hyperparam_names:  # a string, None, ... named first
+      rules_lib._real_scalar(n, raw[n])  # pylint: disable=protected-access
+    rules_lib.check_learning_rate(raw)
     _check("b1", raw["b1"], 0.0, 1.0)
     _check("b2", raw["b2"], 0.0, 1.0)
     _check("eps", raw["eps"], 0.0, float("inf"))
@@ -532,6 +535,9 @@ def fold_adam(
     ((16, 8), (64,))
   """
   _check("weight_decay", weight_decay, 0.0, float("inf"))
+  lr0 = learning_rate(0) if callable(learning_rate) else learning_rate
+  rules_lib._real_scalar("learning_rate", lr0)  # pylint: disable=protected-access
+  rules_lib.check_learning_rate({"learning_rate": lr0})
   tx = optax.chain(
       scale_by_fold_adam(fold_level, b1, b2, eps, eps_root, scale,
                          mu_dtype=mu_dtype, nu_dtype=nu_dtype, nu_mode=nu_mode,

@@ -137,11 +137,7 @@ class ElementwiseRule:
     for n in self.hyperparam_names:
       out[n] = _real_scalar(n, raw[n])
     concrete = {n: v for n, v in raw.items() if not isinstance(v, jax.core.Tracer)}
-    if "learning_rate" in concrete:
-      lr = float(np.asarray(concrete["learning_rate"], np.float64).reshape(()))
-      if not 0.0 <= lr < float("inf"):  # NaN too
-        raise ValueError(f"learning_rate={lr} must be finite and >= 0 (for "
-                         "gradient ascent, negate the loss)")
+    check_learning_rate(concrete)
     self.check(concrete)
     for n, fn in self.derived:
       out[n] = jnp.asarray(fn(raw), jnp.float32)
@@ -167,6 +163,21 @@ class ElementwiseRule:
     hp = self.hyperparams_f32(hyperparams)
     return jnp.stack([hp[n] for n in self.packed_names]
                      + [jnp.asarray(count, jnp.float32)])
+
+
+def check_learning_rate(raw: Mapping[str, Any]) -> None:
+  """Raises ValueError for a concrete ``raw['learning_rate']`` that is
+  negative, NaN or not finite in fp32 (the kernels' precision); a traced
+  one, or none, is not checked."""
+  lr = raw.get("learning_rate")
+  if lr is None or isinstance(lr, jax.core.Tracer):
+    return
+  with np.errstate(over="ignore"):
+    v = np.asarray(lr, np.float64).reshape(())
+    v32 = np.float32(v)
+  if not (v >= 0 and np.isfinite(v32)):  # NaN too
+    raise ValueError(f"learning_rate={float(v)} must be >= 0 and finite in "
+                     "float32 (for gradient ascent, negate the loss)")
 
 
 def check_count(count: Any) -> None:

@@ -788,6 +788,9 @@ def _read_scalars(scalars, where: str):
   at ``where`` (``'tile'`` also stands for ``'kernel'`` in the layouts
   without a tile loop of their own); else unchanged (the ref, or values
   already read)."""
+  if SCALARS_AT not in ("sub", "tile", "kernel"):
+    raise ValueError(f"kernel_mosaic.SCALARS_AT={SCALARS_AT!r} must be 'sub', "
+                     "'tile' or 'kernel'")
   wanted = (where,) if where == "kernel" else ("tile", "kernel")
   if isinstance(scalars, list) or SCALARS_AT not in wanted:
     return scalars
@@ -1241,17 +1244,22 @@ def profiled(profile_dir: str, profile_space: int = 40):
   ``epilogue`` region (Mosaic GPU's on-device profiler) and write a
   Perfetto trace, ``<ns>-trace.json``, to ``profile_dir`` at every call.
 
-  ``profile_space``: ranges recorded per warpgroup (later ones are dropped
-  where this jax can bound-check, else overrun shared memory: give at least
-  the tiles per warpgroup). The buffer takes 16 bytes per range and
-  warpgroup of shared memory, which the tile's budget must leave free. For
-  diagnosis (``experiments/trace_mosaic``); GPU only.
+  ``profile_space``: ranges recorded per warpgroup. Each tile records two
+  (its token loop and its epilogue), so give at least twice the tiles per
+  warpgroup, plus one; where this jax can bound-check (0.11) later ranges
+  are dropped, elsewhere they overrun shared memory. The buffer takes 16
+  bytes per range and warpgroup of shared memory, which the tile's budget
+  must leave free. Only the one-warpgroup layout without
+  ``early_epilogue`` and the ping-pong layout mark the regions. A function
+  traced inside stays profiled after the context ends (jit caches its
+  lowering). For diagnosis (``experiments/trace_mosaic``); GPU only.
 
   Raises:
     ValueError: if ``profile_space`` is not a positive int or
       ``profile_dir`` is empty.
   """
-  if not isinstance(profile_space, int) or profile_space < 1:
+  if (not isinstance(profile_space, int) or isinstance(profile_space, bool)
+      or profile_space < 1):
     raise ValueError(f"profile_space={profile_space!r} must be a positive int")
   if not profile_dir:
     raise ValueError("profile_dir must name a directory")
