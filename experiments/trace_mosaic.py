@@ -54,7 +54,8 @@ REGIONS = ("token_loop", "epilogue")
 def intervals(trace: dict) -> dict:
   """{(pid, tid): [(name, begin, end), ...]} of a Mosaic GPU profiler trace
   (``traceEvents`` of nested B/E pairs, ``ts`` in thousands of cycles after
-  each warpgroup's first event), in time order.
+  each warpgroup's first event), in time order; a region left open (a
+  truncated trace) is dropped.
 
   Raises:
     ValueError: if an E event has no open B of the same name.
@@ -62,6 +63,8 @@ def intervals(trace: dict) -> dict:
   out = collections.defaultdict(list)
   stacks = collections.defaultdict(list)
   for ev in trace["traceEvents"]:
+    if ev.get("ph") not in ("B", "E") or "tid" not in ev:
+      continue  # metadata and instant events (Mosaic's own dump has none)
     key = (ev["pid"], ev["tid"])
     if ev["ph"] == "B":
       stacks[key].append((ev["name"], ev["ts"]))

@@ -46,6 +46,13 @@ def test_summarize_one_warpgroup_ctas_average():
   assert s["overlap"] == 0 and s["tl_alone"] == 0
 
 
+def test_intervals_skip_metadata_and_open_regions():
+  trace = {"traceEvents": [dict(name="process_name", ph="M", pid=1)]
+           + _events(1, 1, [("token_loop", 0, 4)])
+           + [dict(name="epilogue", ph="B", ts=4, pid=1, tid=1)]}
+  assert trace_mosaic.intervals(trace) == {(1, 1): [("token_loop", 0, 4)]}
+
+
 def test_trace_errors():
   with pytest.raises(ValueError, match="without its begin"):
     trace_mosaic.intervals({"traceEvents": [
