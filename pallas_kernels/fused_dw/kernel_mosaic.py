@@ -688,7 +688,8 @@ def _hoisted_scalars(split: _SplitRule, hparams, seeds=None) -> jax.Array:
 def _rule_in_kernel(split: _SplitRule, scalar_ref, grad, w, state,
                     replace=None, index_tiles=()):
   """The per-element equations on tiles; ``scalar_ref`` holds
-  :func:`rule_scalars` (a kernel ref, or an array in tests);
+  :func:`rule_scalars` (a kernel ref, the values already read from it as a
+  list (:data:`SCALARS_AT`), or an array in tests);
   ``index_tiles`` the (rows, cols) uint32 tiles of a rounding split."""
   jaxpr = split.jaxpr
   env = dict(zip(jaxpr.invars[:-split.num_scalar_inputs],
