@@ -259,16 +259,16 @@ class FoldAdamRule:
     missing = [n for n in self.hyperparam_names if n not in raw]
     if missing:
       raise ValueError(f"hyperparams is missing {missing} for rule {self.name!r}")
-    for n in self.hyperparam_names:  # a string, None, ... named first
-      rules_lib._real_scalar(n, raw[n])  # pylint: disable=protected-access
+    # A string, None, ... named first, then the ranges.
+    out = {n: rules_lib._real_scalar(n, raw[n])  # pylint: disable=protected-access
+           for n in self.hyperparam_names}
     rules_lib.check_learning_rate(raw)
     _check("b1", raw["b1"], 0.0, 1.0)
     _check("b2", raw["b2"], 0.0, 1.0)
     _check("eps", raw["eps"], 0.0, float("inf"))
     _check("eps_root", raw["eps_root"], 0.0, float("inf"))
     _check("weight_decay", raw["weight_decay"], 0.0, float("inf"))
-    return {n: rules_lib._real_scalar(n, raw[n])  # pylint: disable=protected-access
-            for n in self.hyperparam_names}
+    return out
 
   def pack(self, hyperparams, count) -> jax.Array:
     """``[*hyperparam_names, 1 - b1, 1 - b2, 1 - b1^t, 1 - b2^t, count]`` in fp32.
