@@ -227,8 +227,15 @@ def _second_moment(grad, nu, hp):
 
 
 def _root_nu_hat(nu, b2_t):
-  """sqrt(nu / (1 - b2^t)), as sqrt(nu) / sqrt(1 - b2^t) (no overflow)."""
-  return jnp.sqrt(nu) / jnp.sqrt(1 - b2_t)
+  """sqrt(nu / (1 - b2^t)), as sqrt(nu) · rsqrt(1 - b2^t) (no overflow).
+
+  The bias corrections here and in the rules below multiply by a reciprocal
+  of the step's scalar instead of dividing each element by it: the
+  reciprocal depends on the hyperparameters and the count only, so the
+  kernels compute it once per call (see ``kernel_mosaic``'s "Rule
+  arithmetic") and each element pays a multiplication, not a division (at
+  most an ulp from optax's quotient)."""
+  return jnp.sqrt(nu) * lax.rsqrt(1 - b2_t)
 
 
 def _adamw_direction(grad, param, state, hp, count):
@@ -245,7 +252,7 @@ def _adamw_direction(grad, param, state, hp, count):
   b1, b2 = hp["b1"], hp["b2"]
   mu = hp["one_minus_b1"] * grad + b1 * mu
   nu = _second_moment(grad, nu, hp)
-  mu_hat = mu / (1 - b1**count)
+  mu_hat = mu * (1 / (1 - b1**count))
   direction = mu_hat / (_root_nu_hat(nu, b2**count) + hp["eps"])
   return direction + hp["weight_decay"] * param, (mu, nu)
 
@@ -278,8 +285,8 @@ def _nadamw_direction(grad, param, state, hp, count):
   b1, b2 = hp["b1"], hp["b2"]
   mu = hp["one_minus_b1"] * grad + b1 * mu
   nu = _second_moment(grad, nu, hp)
-  mu_hat = (b1 * (mu / (1 - b1**(count + 1)))
-            + hp["one_minus_b1"] * (grad / (1 - b1**count)))
+  mu_hat = (b1 * (mu * (1 / (1 - b1**(count + 1))))
+            + hp["one_minus_b1"] * (grad * (1 / (1 - b1**count))))
   direction = mu_hat / (_root_nu_hat(nu, b2**count) + hp["eps"])
   return direction + hp["weight_decay"] * param, (mu, nu)
 
@@ -297,7 +304,7 @@ def _radam_direction(grad, param, state, hp, count):
   nu = _second_moment(grad, nu, hp)
   b2t = b2**count
   ro = hp["ro_inf"] - 2 * count * b2t / (1 - b2t)
-  mu_hat = mu / (1 - b1**count)
+  mu_hat = mu * (1 / (1 - b1**count))
   r = jnp.sqrt((ro - 4.0) * (ro - 2.0) * hp["ro_inf"] / (hp["ro_denominator"] * ro))
   adam = r * mu_hat / (_root_nu_hat(nu, b2t) + hp["eps"])
   direction = jnp.where(ro >= hp["threshold"], adam, mu_hat)
