@@ -170,6 +170,18 @@ def test_scalar_equations_run_outside_the_kernel():
   assert bool(jnp.all(jnp.isfinite(scalars)))
 
 
+@pytest.mark.parametrize("rule,divisions", [
+    (rules.ADAMW, 1), (rules.NADAMW, 1), (rules.RADAM, 1)])
+def test_bias_corrections_are_hoisted_reciprocals(rule, divisions):
+  # Stop 29: each element pays one division (the step's quotient); the bias
+  # corrections are reciprocals of scalars, computed outside the kernel
+  # (0.519 -> 0.500 ms on the H200 at 4096x14336, T=2048).
+  split = kernel_mosaic._split_rule(rule, (64, 32))
+  per_element = [e.primitive.name for e in split.in_kernel]
+  assert per_element.count("div") == divisions, per_element
+  assert "div" in {e.primitive.name for e in split.hoisted}
+
+
 def test_sqrt_replacement_matches_sqrt(rng):
   # Used when a jax's Mosaic GPU has no sqrt lowering (0 stays 0).
   x = jnp.asarray(np.concatenate([[0.0, 1e-30, 1.0, 4.0, np.inf, -1.0, np.nan,
