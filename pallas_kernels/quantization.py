@@ -34,6 +34,16 @@ kernel on (rows, 64) sub-tiles (bitwise equal on finite values, but where
 that jax's Mosaic GPU has no sqrt (0.10), whose replacement x·rsqrt(x) may
 be an ulp away).
 
+**Scale layout.** The scales of an array of two or more axes may be stored
+transposed in their last two axes (``QuantizedArray.scale_transposed``):
+(..., ceil(n / 64), m) for codes (..., m, n). The values are the same; only
+the storage order differs. ``ForgeDense`` keeps its kernels' int8 moments
+that way because it is the Mosaic GPU kernel's own layout (a sub-tile's
+scales are one contiguous row, loaded by TMA; see ``kernel_mosaic``):
+with the natural layout every call transposed the scales in and out, and
+under ``lax.scan`` XLA transposed whole layer stacks of them (160 MiB of
+temp in the Llama-3.1-8B step at T=2048, stop 26's peak report).
+
 The quantized tree also appears with its codes viewed as ``float8_e4m3fn``
 (:func:`as_float_view`): the fused step returns new states as cotangents,
 which JAX allows for floating-point arrays only. The view is a bitcast; no
@@ -65,15 +75,20 @@ class QuantizedArray:
   """An fp32 array stored as int8 codes and one fp32 scale per 64-block.
 
   Attributes:
-    codes: int8, the array's shape (..., n).
-    scale: float32, (..., ceil(n / 64)); () for a 0-d array.
+    codes: int8, the array's shape (..., n) (or (..., m, n)).
+    scale: float32, (..., ceil(n / 64)); () for a 0-d array. With
+      ``scale_transposed``: (..., ceil(n / 64), m), the same scales with
+      their last two axes swapped.
     nonnegative: static; True for the square-root code of non-negative
       states (see the module docstring), False for the signed linear code.
+    scale_transposed: static; the scale layout (module docstring); needs
+      codes of at least two axes.
   """
 
   codes: jax.Array
   scale: jax.Array
   nonnegative: bool = False
+  scale_transposed: bool = False
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -86,7 +101,8 @@ class QuantizedArray:
 
 
 jax.tree_util.register_dataclass(
-    QuantizedArray, data_fields=["codes", "scale"], meta_fields=["nonnegative"])
+    QuantizedArray, data_fields=["codes", "scale"],
+    meta_fields=["nonnegative", "scale_transposed"])
 
 
 def num_blocks(n: int) -> int:
@@ -94,12 +110,42 @@ def num_blocks(n: int) -> int:
   return -(-n // BLOCK_SIZE)
 
 
-def scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-  """Shape of the scales of an array of ``shape``."""
+def scale_shape(shape: tuple[int, ...],
+                scale_transposed: bool = False) -> tuple[int, ...]:
+  """Shape of the scales of an array of ``shape`` (in the transposed layout
+  with ``scale_transposed``).
+
+  Raises:
+    ValueError: ``scale_transposed`` for a shape of fewer than two axes.
+  """
   shape = tuple(shape)
+  if scale_transposed:
+    _check_transposable(shape)
+    return shape[:-2] + (num_blocks(shape[-1]), shape[-2])
   if not shape:
     return ()
   return shape[:-1] + (num_blocks(shape[-1]),)
+
+
+def _check_transposable(shape) -> None:
+  if len(shape) < 2:
+    raise ValueError(f"scale_transposed=True needs an array of at least two "
+                     f"axes, got shape {tuple(shape)}")
+
+
+def natural_scale(q: QuantizedArray) -> jax.Array:
+  """``q``'s scales in the natural layout, (..., ceil(n / 64))."""
+  return jnp.swapaxes(q.scale, -1, -2) if q.scale_transposed else q.scale
+
+
+def with_scale_layout(q: QuantizedArray, scale_transposed: bool) -> QuantizedArray:
+  """``q`` with its scales stored in the given layout (the same values)."""
+  if q.scale_transposed == scale_transposed:
+    return q
+  if scale_transposed:
+    _check_transposable(q.codes.shape)
+  return QuantizedArray(q.codes, jnp.swapaxes(q.scale, -1, -2), q.nonnegative,
+                        scale_transposed)
 
 
 def has_nan(xb: jax.Array) -> jax.Array:
@@ -166,28 +212,38 @@ def _blocked(x: jax.Array) -> jax.Array:
   return x.reshape(x.shape[:-1] + (-1, BLOCK_SIZE))
 
 
-def quantize(x: jax.Array, nonnegative: bool = False) -> QuantizedArray:
+def quantize(x: jax.Array, nonnegative: bool = False,
+             scale_transposed: bool = False) -> QuantizedArray:
   """Quantizes an fp32 (or any float) array; see the module docstring.
 
   Args:
     x: array of any shape, 0-d included.
     nonnegative: use the square-root code (x must be >= 0; negative values
       are clamped to 0).
+    scale_transposed: store the scales in the transposed layout (x of at
+      least two axes).
 
   Returns:
     A :class:`QuantizedArray` of ``x``'s shape.
+
+  Raises:
+    ValueError: ``scale_transposed`` with fewer than two axes.
   """
   x = jnp.asarray(x, jnp.float32)
   shape = x.shape
+  if scale_transposed:
+    _check_transposable(shape)
   if x.size == 0:
     return QuantizedArray(jnp.zeros(shape, CODE_DTYPE),
-                          jnp.zeros(scale_shape(shape), jnp.float32), nonnegative)
+                          jnp.zeros(scale_shape(shape, scale_transposed),
+                                    jnp.float32), nonnegative, scale_transposed)
   flat = x.reshape(1) if x.ndim == 0 else x
   n = flat.shape[-1]
   codes, scale = quantize_blocks(_blocked(flat), nonnegative)
   codes = codes.reshape(flat.shape[:-1] + (-1,))[..., :n]
-  return QuantizedArray(codes.astype(CODE_DTYPE).reshape(shape),
-                        scale.reshape(scale_shape(shape)), nonnegative)
+  q = QuantizedArray(codes.astype(CODE_DTYPE).reshape(shape),
+                     scale.reshape(scale_shape(shape)), nonnegative)
+  return with_scale_layout(q, scale_transposed)
 
 
 def dequantize(q: QuantizedArray) -> jax.Array:
@@ -197,7 +253,7 @@ def dequantize(q: QuantizedArray) -> jax.Array:
     return jnp.zeros(shape, jnp.float32)
   codes = q.codes.reshape(1) if not shape else q.codes
   n = codes.shape[-1]
-  scale = q.scale.reshape(codes.shape[:-1] + (num_blocks(n),))
+  scale = natural_scale(q).reshape(codes.shape[:-1] + (num_blocks(n),))
   c = _blocked(codes.astype(jnp.float32))  # padding lanes are cut off below
   x = dequantize_blocks(c, scale, q.nonnegative)
   return x.reshape(x.shape[:-2] + (-1,))[..., :n].reshape(shape)
@@ -241,7 +297,8 @@ def state_dtype(name: str, dtype) -> jnp.dtype:
   return d
 
 
-def full_state(shape, value: float, dtype, nonnegative: bool):
+def full_state(shape, value: float, dtype, nonnegative: bool,
+               scale_transposed: bool = False):
   """A state array of ``shape`` filled with ``value``, stored as ``dtype``.
 
   Built at its stored size: no fp32 array of ``shape`` is made on the way
@@ -250,7 +307,9 @@ def full_state(shape, value: float, dtype, nonnegative: bool):
   ``quantize(jnp.full(shape, value), nonnegative)`` for int8 (every block,
   a padded last one included, quantizes a constant to the same code and
   scale; the scale may differ from that of a compiled ``quantize`` of the
-  whole array by 1 ulp, how XLA compiles absmax / 127) and
+  whole array by 1 ulp, how XLA compiles absmax / 127), its scales in the
+  transposed layout with ``scale_transposed`` (int8 only; ignored for the
+  other dtypes), and
   ``jnp.full(shape, value, float32).astype(dtype)`` otherwise (empty and
   0-d shapes included).
   """
@@ -265,9 +324,10 @@ def full_state(shape, value: float, dtype, nonnegative: bool):
     with jax.ensure_compile_time_eval():
       one = quantize(jnp.full((BLOCK_SIZE,), value), nonnegative)
       code, scale = one.codes[0], one.scale[0]
-    return QuantizedArray(jnp.full(shape, code, CODE_DTYPE),
-                          jnp.full(scale_shape(shape), scale, jnp.float32),
-                          nonnegative)
+    return QuantizedArray(
+        jnp.full(shape, code, CODE_DTYPE),
+        jnp.full(scale_shape(shape, scale_transposed), scale, jnp.float32),
+        nonnegative, scale_transposed)
   return jnp.full(shape, value.astype(dtype), dtype)
 
 
@@ -281,7 +341,7 @@ def state_to_f32(s) -> jax.Array:
 def state_from_f32(x: jax.Array, like):
   """fp32 ``x`` stored like ``like`` (its dtype, or quantized like it)."""
   if isinstance(like, QuantizedArray):
-    return quantize(x, like.nonnegative)
+    return quantize(x, like.nonnegative, like.scale_transposed)
   return x.astype(like.dtype)
 
 

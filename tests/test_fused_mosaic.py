@@ -1047,3 +1047,52 @@ def test_default_kernel_at_the_8b_shapes_matches_the_reference(d_in, d_out, in_p
   # passed on the H200 (stop 27, call A).
   _check_default_kernel_with_rounding(2048, d_in, d_out, in_place, interpret=False,
                                       dy_scale=dy_scale)
+
+
+# --- int8 scales stored in the kernel's layout (QuantizedArray.scale_transposed)
+
+
+@pytest.mark.parametrize("implementation", ["mosaic", "triton", "xla"])
+def test_int8_transposed_scales_give_the_same_update(rng, implementation):
+  # ForgeDense stores its int8 moments' scales as (out / 64, in), the Mosaic
+  # kernel's layout; every implementation gives the update it gives with
+  # the natural layout, and returns the states in the layout they came in.
+  rule = rules.ADAMW
+  args = _inputs(rng, rule, 64, 64, 192, w_dtype=jnp.bfloat16)
+  natural = _quantized(rule, args[3])
+  transposed = tuple(quantization.with_scale_layout(s, True) for s in natural)
+  kw = dict(rule=rule, seed=jnp.uint32(9))
+  if implementation == "xla":
+    fn = jax.jit(lambda *a: fused_dw_update_reference(*a, **kw))
+  else:
+    fn = jax.jit(lambda *a: fused_dw_update(
+        *a, implementation=implementation, interpret=True,
+        config=ONE_SUB if implementation == "mosaic" else None, **kw))
+  w_n, s_n = fn(*args[:3], natural, args[4])
+  w_t, s_t = fn(*args[:3], transposed, args[4])
+  np.testing.assert_array_equal(np.asarray(w_t, np.float32), np.asarray(w_n, np.float32))
+  for a, b in zip(s_t, s_n):
+    assert a.scale_transposed and not b.scale_transposed
+    assert a.scale.shape == (192 // 64, 64)
+    np.testing.assert_array_equal(np.asarray(a.codes), np.asarray(b.codes))
+    np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale).T)
+
+
+def test_int8_scales_in_the_kernel_layout_are_not_transposed(rng):
+  # Lowered for CUDA: with natural scales XLA transposes each state's fp32
+  # scales in and out (4 transposes for AdamW); stored transposed, none.
+  rule = rules.ADAMW
+  args = _inputs(rng, rule, 128, 128, 256, w_dtype=jnp.bfloat16)
+  natural = _quantized(rule, args[3])
+  transposed = tuple(quantization.with_scale_layout(s, True) for s in natural)
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rule, config=MosaicConfig(), interpret=False,
+      seed=jnp.uint32(3), in_place=True), donate_argnums=(2, 3))
+
+  def f32_transposes(state):
+    text = fn.trace(*args[:3], state, args[4]).lower(
+        lowering_platforms=("cuda",)).as_text()
+    return [l for l in text.splitlines()
+            if "stablehlo.transpose" in l and "xf32>" in l]
+  assert len(f32_transposes(natural)) == 4
+  assert f32_transposes(transposed) == []

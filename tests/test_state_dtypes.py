@@ -487,3 +487,44 @@ def test_sharded_leaves_are_not_split_into_slabs(monkeypatch):
     state = tx.init({"w": w})
     jaxpr = str(jax.make_jaxpr(tx.update)({"w": w}, state, {"w": w}))
     assert any(k in jaxpr for k in ("while[", "scan[")) == slabs, spec
+
+
+@pytest.mark.parametrize("shape", [(3, 130), (2, 5, 64), (1, 1)])
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_transposed_scale_layout_holds_the_same_values(rng, shape, nonnegative):
+  x = rng.standard_normal(shape).astype(np.float32)
+  x = x * x if nonnegative else x
+  natural = q.quantize(x, nonnegative)
+  t = q.quantize(x, nonnegative, scale_transposed=True)
+  assert t.scale_transposed and t.scale.shape == q.scale_shape(shape, True)
+  assert t.scale.shape == shape[:-2] + (q.num_blocks(shape[-1]), shape[-2])
+  np.testing.assert_array_equal(np.asarray(t.codes), np.asarray(natural.codes))
+  np.testing.assert_array_equal(np.asarray(q.natural_scale(t)),
+                                np.asarray(natural.scale))
+  np.testing.assert_array_equal(np.asarray(q.dequantize(t)),
+                                np.asarray(q.dequantize(natural)))
+  # full_state and state_from_f32 keep the layout
+  full = q.full_state(shape, 0.5, jnp.int8, nonnegative, scale_transposed=True)
+  assert full.scale_transposed and full.scale.shape == t.scale.shape
+  again = q.state_from_f32(jnp.asarray(x), t)
+  assert again.scale_transposed
+  np.testing.assert_array_equal(np.asarray(again.scale), np.asarray(t.scale))
+
+
+def test_transposed_scale_layout_needs_two_axes():
+  with pytest.raises(ValueError, match="at least two axes"):
+    q.quantize(np.ones((64,), np.float32), scale_transposed=True)
+  with pytest.raises(ValueError, match="at least two axes"):
+    q.scale_shape((64,), scale_transposed=True)
+
+
+def test_forge_dense_keeps_int8_scales_in_the_kernel_layout(rng):
+  # (in, out) kernel: moments' codes (in, out), scales (out / 64, in); a
+  # 1-D bias stays with the optax transform (not fused).
+  model = fj.ForgeDense(128, optimizer=fj.adamw(1e-3, mu_dtype=jnp.int8,
+                                                 nu_dtype=jnp.int8))
+  variables = model.init(jax.random.key(0), jnp.ones((2, 48)))
+  for name in ("mu", "nu"):
+    s = variables["forge_state"][name]
+    assert isinstance(s, q.QuantizedArray) and s.scale_transposed
+    assert s.codes.shape == (48, 128) and s.scale.shape == (2, 48)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import forge_jax as fj
+from pallas_kernels import quantization
 from conftest import rel_err
 
 P = jax.sharding.PartitionSpec
@@ -99,9 +100,20 @@ def test_tensor_parallel_equals_one_device(rng, on_cpu, name):
   assert k1.sharding.is_equivalent_to(named(None, "model"), 2)
   assert k2.sharding.is_equivalent_to(named("model", None), 2)
   assert {s.data.shape for s in k1.addressable_shards} == {(16, 64)}
-  for leaf in jax.tree.leaves(got.forge_state["fc1"]):
-    if leaf.ndim == 2:  # mu, nu (or int8 codes and scales): split by columns
-      assert leaf.sharding.is_equivalent_to(named(None, "model"), 2), leaf.shape
+  for layer, split_axis in (("fc1", 1), ("fc2", 0)):  # columns, rows
+    for name, leaf in got.forge_state[layer].items():
+      if name not in ("mu", "nu"):
+        continue
+      if isinstance(leaf, quantization.QuantizedArray):
+        # int8 codes split like the kernel; their scales, stored
+        # transposed (out / 64, in), along the other axis
+        assert leaf.scale_transposed
+        pairs = [(leaf.codes, split_axis), (leaf.scale, 1 - split_axis)]
+      else:
+        pairs = [(leaf, split_axis)]
+      for a, axis in pairs:
+        spec = (None, "model") if axis == 1 else ("model", None)
+        assert a.sharding.is_equivalent_to(named(*spec), 2), (layer, name, a.shape)
 
 
 def test_tensor_parallel_kernel_interpret(rng, on_cpu):
@@ -227,3 +239,26 @@ def test_kernel_axes_without_optimizer_are_refused(on_cpu):
   layer = fj.ForgeDense(8, kernel_axes=(None, "model"))
   with pytest.raises(ValueError, match="needs an optimizer"):
     layer.init(jax.random.key(0), jnp.ones((2, 4)))
+
+
+def test_llama_specs_split_int8_scales_along_their_own_axes():
+  # tensor_parallel_specs: codes split like their kernel; scales stored
+  # transposed, (layers, out / 64, in), split along the other axis.
+  from forge_jax.models.llama import Llama, LlamaConfig, tensor_parallel_specs  # pylint: disable=g-import-not-at-top
+  import functools  # pylint: disable=g-import-not-at-top
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  cfg = LlamaConfig(vocab_size=61, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
+                    ffn_dim=256, max_seq_len=16, scan_layers=True)
+  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(
+      1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8))
+  shapes = jax.eval_shape(lambda: Llama(cfg, dense_cls=dense).init(
+      jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+  specs = tensor_parallel_specs(shapes, "model")
+  block = specs["forge_state"]["layers"]["block"]
+  for proj, codes, scale in (
+      (block["attn"]["q_proj"], P(None, None, "model"), P(None, "model", None)),
+      (block["mlp"]["down_proj"], P(None, "model", None), P(None, None, "model"))):
+    for name in ("mu", "nu"):
+      assert isinstance(proj[name], quantization.QuantizedArray)
+      assert proj[name].scale_transposed
+      assert proj[name].codes == codes and proj[name].scale == scale, proj[name]

@@ -333,7 +333,11 @@ def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
         x, dy, kernel, state, hparams, seed=seed[0] if seed else None,
         index_offset=(row0, col0), index_width=d_out, **kw)
 
-  state_specs = tuple(w_spec for _ in state)
+  # int8 scales stored transposed, (out / 64, in), split with the axes swapped
+  state_specs = tuple(
+      quantization.QuantizedArray(w_spec, P(a_out, a_in), s.nonnegative, True)
+      if isinstance(s, quantization.QuantizedArray) and s.scale_transposed
+      else w_spec for s in state)
   seeds = () if seed is None else (seed,)
   return jax.shard_map(
       local, mesh=spec.mesh,
@@ -360,7 +364,7 @@ def fused_param(module, name: str, init, shape):
   return value, keys
 
 
-def create_fused_state(module, shape, keys) -> None:
+def create_fused_state(module, shape, keys, scale_transposed: bool = False) -> None:
   """Creates a fused layer's ``forge_state`` variables (when ``module`` has
   an optimizer and the collection is mutable, i.e. in ``model.init``): the
   optimizer's state for a param of ``shape``, the probe, and for a bfloat16
@@ -372,13 +376,16 @@ def create_fused_state(module, shape, keys) -> None:
   exist already (their values stay flax's). A word of the key, not
   ``jax.random.bits`` of it: one more threefry per layer made up 45% of the
   XLA compile time of an unrolled Llama-3.1-8B's init (CPU).
+  ``scale_transposed``: int8 states keep their scales transposed
+  (``quantization.QuantizedArray.scale_transposed``).
   """
   optimizer = module.optimizer
   if optimizer is None or not module.is_mutable_collection(FORGE_STATE):
     return  # a plain apply without the collection is the flax layer
   for name in optimizer.rule.state_names:
     module.variable(FORGE_STATE, name,
-                    lambda n=name: optimizer.init_state(shape)[n])
+                    lambda n=name: optimizer.init_state(
+                        shape, scale_transposed)[n])
   module.variable(FORGE_STATE, PROBE, jnp.zeros, (), jnp.float32)
   if (jnp.dtype(module.param_dtype) == jnp.bfloat16
       and module.stochastic_rounding):
@@ -515,7 +522,9 @@ class ForgeDense(nn.Module):
         (jnp.shape(inputs)[-1], self.features))
     bias = (self.param("bias", self.bias_init, (self.features,),
                        self.param_dtype) if self.use_bias else None)
-    create_fused_state(self, kernel.shape, kernel_keys)
+    # int8 moments with their scales in the kernels' layout (quantization's
+    # "Scale layout"): no transposes around each update, none of layer stacks.
+    create_fused_state(self, kernel.shape, kernel_keys, scale_transposed=True)
 
     ctx = active_context(self)
     inputs, kernel_c, bias = self.promote_dtype(

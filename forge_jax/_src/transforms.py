@@ -84,15 +84,20 @@ class ForgeTransformation(optax.GradientTransformationExtraArgs):
     """Storage dtype of each state array (float32, bfloat16 or int8)."""
     return self.update.state_dtypes
 
-  def init_state(self, shape: tuple[int, ...]) -> dict[str, Any]:
+  def init_state(self, shape: tuple[int, ...],
+                 scale_transposed: bool = False) -> dict[str, Any]:
     """The initial state arrays of one parameter of ``shape``, by name.
 
     Each is an array of ``rule.state_shape(shape)`` (the param's shape for an
     elementwise rule; folded for fold_adam), float32 or bfloat16, or for int8
-    a :class:`~pallas_kernels.quantization.QuantizedArray`.
+    a :class:`~pallas_kernels.quantization.QuantizedArray`, whose scales are
+    stored transposed with ``scale_transposed`` (where the state has at
+    least two axes; the fused kernels' layout, as ``ForgeDense`` keeps them).
     """
+    state_shape = self.rule.state_shape(tuple(shape))
+    transposed = bool(scale_transposed) and len(state_shape) >= 2
     return {n: quantization.full_state(
-        self.rule.state_shape(tuple(shape)), v, d, n in self.rule.nonnegative_states)
+        state_shape, v, d, n in self.rule.nonnegative_states, transposed)
             for n, v, d in zip(self.rule.state_names, self.state_init,
                                self.state_dtypes)}
 

@@ -227,7 +227,7 @@ def _check_args(x, dy, w, state, hparams, rule, seed):
   for name, s in zip(rule.state_names, state):
     nonneg = name in rule.nonnegative_states
     if isinstance(s, quantization.QuantizedArray):
-      want = quantization.scale_shape(state_shape)
+      want = quantization.scale_shape(state_shape, s.scale_transposed)
       if (s.codes.shape != state_shape or s.codes.dtype != jnp.int8
           or s.scale.shape != want or s.scale.dtype != jnp.float32):
         raise ValueError(

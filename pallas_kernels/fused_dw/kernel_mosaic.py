@@ -76,11 +76,13 @@ quantization block per row. Its codes travel by TMA like W. Its scales, one
 column of the (in, out / 64) scale array per sub-tile, cannot (a (64, 1)
 fp32 box is narrower than TMA's 16-byte minimum, and Mosaic GPU neither
 loads a strided column from HBM nor slices one out of a wider shared-memory
-box on jax 0.11): XLA transposes the scales to (out / 64, in) around the
-kernel (4 bytes per 64 elements, each way), so that a sub-tile's scales are
-one contiguous (1, 64) row, loaded by TMA and stored back by plain stores.
-The transposed scales are updated in place; the transposes are the only
-extra traffic. The 128×128 tile measured slow with int8 states (1.29 ms at
+box on jax 0.11): the kernel takes the scales transposed, (out / 64, in), so
+that a sub-tile's scales are one contiguous (1, 64) row, loaded by TMA and
+stored back by plain stores. States stored in that layout
+(``QuantizedArray.scale_transposed``, as ``ForgeDense`` keeps its moments)
+go in and out as they are; others are transposed around the kernel by XLA
+(4 bytes per 64 elements, each way; under ``lax.scan`` XLA was seen to
+transpose whole layer stacks of them, stop 26). The 128×128 tile measured slow with int8 states (1.29 ms at
 T=512, 4096→14336, against 0.47 for 64×128; presumably the decode and encode
 do not fit in registers beside a 128×128 accumulator, not checked with a
 profiler), hence their own :meth:`MosaicConfig.default`. Decoding and
@@ -1344,7 +1346,8 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   layout = _layout(state, fold)
   arrays = [w]
   for st in state:  # an int8 state's scales go in transposed: (blocks, in)
-    arrays += ([st.codes, st.scale.T] if isinstance(st, quantization.QuantizedArray)
+    arrays += ([st.codes, quantization.with_scale_layout(st, True).scale]
+               if isinstance(st, quantization.QuantizedArray)
                else [st.T.astype(_FOLDED_DTYPE) if fold > 1 else st])
   num_tiles = (w.shape[0] // config.block_m) * (w.shape[1] // config.block_n)
   params = plgpu.CompilerParams(
@@ -1405,8 +1408,9 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   new_state = []
   for st, entry in zip(state, layout.states):
     if len(entry) == 3:
-      new_state.append(quantization.QuantizedArray(
-          outs[entry[0]], outs[entry[1]].T, st.nonnegative))
+      new_state.append(quantization.with_scale_layout(quantization.QuantizedArray(
+          outs[entry[0]], outs[entry[1]], st.nonnegative, scale_transposed=True),
+          st.scale_transposed))
     else:
       new_state.append(outs[entry[0]].T.astype(st.dtype) if fold > 1
                        else outs[entry[0]])

@@ -338,8 +338,9 @@ def fused_dw_update_triton(
                 else "nonneg" if s.nonnegative else "signed" for s in state)
   flat_state = []
   for s in state:
-    flat_state += ([s.codes, s.scale] if isinstance(s, quantization.QuantizedArray)
-                   else [s])
+    # int8 scales in their natural layout, (in, out / 64), as the tiles read them
+    flat_state += ([s.codes, quantization.natural_scale(s)]
+                   if isinstance(s, quantization.QuantizedArray) else [s])
   # fp32 operands: full fp32 products (no TF32), so fp32 results match the
   # reference to rounding; bf16 operands use the tensor cores as they are.
   precision = (lax.Precision.HIGHEST if x.dtype == jnp.float32
@@ -365,8 +366,9 @@ def fused_dw_update_triton(
   new_state, i = [], 1
   for s in state:
     if isinstance(s, quantization.QuantizedArray):
-      new_state.append(quantization.QuantizedArray(
-          outs[i], outs[i + 1], s.nonnegative))
+      new_state.append(quantization.with_scale_layout(
+          quantization.QuantizedArray(outs[i], outs[i + 1], s.nonnegative),
+          s.scale_transposed))
       i += 2
     else:
       new_state.append(outs[i])
