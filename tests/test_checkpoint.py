@@ -103,3 +103,37 @@ def test_missing_checkpoint_and_unfinished_save(rng, tmp_path):
   # never taken for a checkpoint.
   os.makedirs(tmp_path / "7.orbax-checkpoint-tmp-1234")
   assert latest_checkpoint_step(tmp_path) == 0
+
+
+def test_int8_scales_restore_only_into_their_own_layout(rng, tmp_path):
+  # A checkpoint written before ForgeDense stored its int8 scales transposed
+  # (natural layout) is refused by a target with transposed scales, even
+  # where both layouts have one shape (in = 2 = 128 / 64 here), and restores
+  # through the conversion the error names.
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
+  model = fj.ForgeDense(128, optimizer=fj.adamw(1e-2, mu_dtype=jnp.int8,
+                                                nu_dtype=jnp.int8))
+  x = jnp.asarray(rng.standard_normal((6, 2)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((6, 128)), jnp.float32)
+  state = fj.TrainState.create(apply_fn=model.apply,
+                               variables=model.init(jax.random.key(0), x),
+                               tx=optax.adamw(1e-2))
+  template = jax.tree.map(jnp.copy, state)
+  step = fj.make_train_step(lambda v, b: jnp.mean((model.apply(v, b[0]) - b[1]) ** 2))
+  for _ in range(2):
+    state, _ = step(state, (x, y))
+  is_q = lambda v: isinstance(v, quantization.QuantizedArray)  # noqa: E731
+  as_layout = lambda tree, t: jax.tree.map(  # noqa: E731
+      lambda v: quantization.with_scale_layout(v, t) if is_q(v) else v, tree,
+      is_leaf=is_q)
+  assert state.forge_state["mu"].scale_transposed
+  assert state.forge_state["mu"].scale.shape == (2, 2)
+  old = state.replace(forge_state=as_layout(state.forge_state, False))
+  fj.save_checkpoint(tmp_path, old)
+  with pytest.raises(ValueError, match="with_scale_layout"):
+    fj.restore_checkpoint(tmp_path, template)
+  restored, _ = fj.restore_checkpoint(
+      tmp_path, template.replace(forge_state=as_layout(template.forge_state, False)))
+  restored = restored.replace(forge_state=as_layout(restored.forge_state, True))
+  for a, b in zip(_leaves(restored), _leaves(state)):
+    np.testing.assert_array_equal(a, b)

@@ -11,6 +11,14 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from pallas_kernels import quantization
+
+TRANSPOSED = " (scale_transposed)"
+"""Suffix of an int8 state's scales stored transposed in a saved layout
+(``QuantizedArray.scale_transposed``): a checkpoint's scales are restored
+only into scales of the same layout, even where both layouts have the same
+shape."""
+
 
 def _arrays(state) -> dict[str, Any]:
   return {"step": state.step, "params": state.params,
@@ -19,11 +27,21 @@ def _arrays(state) -> dict[str, Any]:
 
 
 def _layout(tree) -> dict[str, str]:
-  """Path -> 'dtype[shape]' of every array in ``tree`` (the saved layout)."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {jax.tree_util.keystr(path): f"{jnp.result_type(v).name}"
-                                      f"{list(jnp.shape(v))}"
-          for path, v in flat}
+  """Path -> 'dtype[shape]' of every array in ``tree`` (the saved layout),
+  int8 scales stored transposed marked with :data:`TRANSPOSED`."""
+  is_q = lambda x: isinstance(x, quantization.QuantizedArray)  # noqa: E731
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_q)
+  out = {}
+  for path, v in flat:
+    parts = [(path, v, "")]
+    if is_q(v):
+      parts = [(path + (jax.tree_util.GetAttrKey("codes"),), v.codes, ""),
+               (path + (jax.tree_util.GetAttrKey("scale"),), v.scale,
+                TRANSPOSED if v.scale_transposed else "")]
+    for p, a, mark in parts:
+      out[jax.tree_util.keystr(p)] = (f"{jnp.result_type(a).name}"
+                                      f"{list(jnp.shape(a))}{mark}")
+  return out
 
 
 def _compare_layouts(saved: Mapping[str, str], wanted: Mapping[str, str],
@@ -38,10 +56,20 @@ def _compare_layouts(saved: Mapping[str, str], wanted: Mapping[str, str],
   if problems:
     shown = problems[:12] + ([f"... and {len(problems) - 12} more"]
                              if len(problems) > 12 else [])
+    hint = ""
+    if any(TRANSPOSED in saved.get(k, "") + wanted.get(k, "")
+           for k in set(saved) | set(wanted)):
+      hint = (" Some int8 scales differ in layout: ForgeDense stores its int8 "
+              "moments' scales transposed (QuantizedArray.scale_transposed, "
+              "since forge_jax's stop 29); a checkpoint written before holds "
+              "them in the natural layout. Restore into a target whose "
+              "QuantizedArrays are converted with "
+              "pallas_kernels.quantization.with_scale_layout(q, False), then "
+              "convert the restored state back with with_scale_layout(q, True).")
     raise ValueError(
         f"checkpoint {where} does not match the target state's structure "
         "(another optimizer, state dtype or width?); nothing was restored:\n  "
-        + "\n  ".join(shown))
+        + "\n  ".join(shown) + ("\n" + hint if hint else ""))
 
 
 def _manager(directory: str | os.PathLike, max_to_keep: int | None = None):

@@ -285,8 +285,11 @@ def fused_dw_update(
     state: optimizer state ordered like ``rule.state_names``, each of shape
       (in, out): float32, bfloat16 (rounded to nearest when written) or a
       ``quantization.QuantizedArray`` (int8 codes, one fp32 scale per 64
-      elements of a row, ``nonnegative`` for ``rule.nonnegative_states``).
-      Each is read, updated in fp32 and written back in its own format.
+      elements of a row, ``nonnegative`` for ``rule.nonnegative_states``;
+      scales (in, ceil(out / 64)), or (ceil(out / 64), in) with
+      ``scale_transposed``, the Mosaic kernel's layout, which it then reads
+      and writes with no transpose around it). Each is read, updated in fp32
+      and written back in its own format and layout.
     hparams: float32 vector ``[*rule.hyperparam_names, count]`` (see
       ``ElementwiseRule.pack``); traced, so changing it does not recompile.
     rule: an ``ElementwiseRule`` (e.g. ``forge_jax.rules.ADAMW``). The
