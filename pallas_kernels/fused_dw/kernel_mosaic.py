@@ -273,8 +273,10 @@ class MosaicConfig:
       with stochastic rounding, both with 64×64 sub-tiles; stop 28, the
       scalars read once per tile, stochastic rounding, 64×32 against 64×64:
       0.534 against 0.567 ms at 4096→14336, 0.549 against 0.589 at
-      14336→4096, 0.180 against 0.191 at 4096→4096; 64×16: 1.109), 5 stages
-      and 64×32 sub-tiles from T=8192 on (1.406 against 1.556 ms, nearest);
+      14336→4096, 0.180 against 0.191 at 4096→4096; 64×16: 1.109; stop 29,
+      AdamW's bias corrections as reciprocals: 0.500 at 4096→14336, against
+      0.691 for 64×128 ping-pong tiles), 5 stages and 64×32 sub-tiles from
+      T=8192 on (1.406 against 1.556 ms, nearest);
     * int8 states from T=8192 on: 64×128 tiles, 5 stages (fp32 W: 1.983
       against 2.204 ms). Not below: at T=512 with bf16 W rounded
       stochastically it took 0.808 against 0.495 ms (with fp32 W, 0.469
