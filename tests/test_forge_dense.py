@@ -657,3 +657,24 @@ def test_audit_prints_each_layers_distance_from_the_reference(rng, capfd):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(ValueError, match="audit=1 must be True or False"):
     jax.eval_shape(lambda s: fj.fused_step(s, x, loss, audit=1), state)
+
+
+def test_user_mistakes_get_errors_that_name_what_to_pass(rng):
+  # Found by the fresh-user trial (stop 29): each mistake is named, before
+  # anything runs where it can be.
+  model = fj.ForgeDense(8, optimizer=fj.adamw(1e-3))
+  x = jnp.asarray(rng.standard_normal((2, 4)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="not params="):
+    fj.TrainState.create(apply_fn=model.apply, params=v["params"], tx=optax.adamw(1e-3))
+  with pytest.raises(ValueError, match="loss_fn must be a function"):
+    fj.make_train_step("loss")
+  step = fj.make_train_step(lambda vs, b: jnp.mean(model.apply(vs, b) ** 2))
+  with pytest.raises(TypeError, match="state must be a forge_jax.TrainState"):
+    step(v, x)
+  # Only the params: refused at the first step, naming what model.init
+  # returns (not the step's own hand-over variable).
+  state = fj.TrainState.create(apply_fn=model.apply, variables={"params": v["params"]},
+                               tx=optax.adamw(1e-3))
+  with pytest.raises(ValueError, match=r"variables \['mu', 'nu', 'probe'\]: pass"):
+    step(state, x)

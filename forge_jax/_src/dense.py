@@ -584,13 +584,20 @@ def fused_variables(module, layer: str, where: str, input_name: str,
                      "not supported in fused mode; use float32 or bfloat16")
   optimizer = module.optimizer
   rule = optimizer.rule
-  names = (*rule.state_names, PROBE, input_name)
+  names = (*rule.state_names, PROBE)
   missing = [n for n in names if not module.has_variable(FORGE_STATE, n)]
   if missing:
     raise ValueError(
         f"{layer} at {where!r} has no {FORGE_STATE!r} variables {missing}:"
-        f" pass the {FORGE_STATE!r} collection returned by model.init, and "
+        f" pass the {FORGE_STATE!r} collection returned by model.init (e.g. "
+        "TrainState.create(..., variables=model.init(...))), and "
         "train through forge_jax.fused_step / make_train_step")
+  if not module.has_variable(FORGE_STATE, input_name):
+    # the step itself hands the param over as forge_state/<input_name>
+    raise ValueError(
+        f"{layer} at {where!r}: the fused backward runs only inside "
+        "forge_jax.fused_step / make_train_step (this call did not come "
+        "from one)")
   weight = module.get_variable(FORGE_STATE, input_name)
   _refuse_parallel_axes(f"{layer} at {where!r}", inputs, weight)
   state = tuple(module.get_variable(FORGE_STATE, n) for n in rule.state_names)

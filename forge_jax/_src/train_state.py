@@ -164,8 +164,9 @@ class TrainState(struct.PyTreeNode):
   tx: optax.GradientTransformation = struct.field(pytree_node=False)
 
   @classmethod
-  def create(cls, *, apply_fn: Callable, variables: Mapping[str, Any],
-             tx: optax.GradientTransformation, seed: int = 0) -> "TrainState":
+  def create(cls, *, apply_fn: Callable, variables: Mapping[str, Any] | None = None,
+             tx: optax.GradientTransformation, seed: int = 0,
+             params: Any = None) -> "TrainState":
     """Builds the state from ``model.init``'s variables.
 
     Args:
@@ -173,9 +174,13 @@ class TrainState(struct.PyTreeNode):
       variables: ``{'params': ..., 'forge_state': ...}`` from ``model.init``.
       tx: optax transformation for every param that is not a fused kernel.
       seed: the stochastic-rounding seed, a non-negative int below 2**32.
+      params: not taken (flax's ``TrainState.create(params=...)``): refused
+        with a pointer to ``variables``, which carries the fused layers'
+        ``forge_state`` beside the params.
 
     Raises:
-      ValueError: if ``variables`` lacks ``'params'`` or holds collections
+      ValueError: if ``params=`` is given or ``variables`` is missing, if
+        ``variables`` lacks ``'params'`` or holds collections
         other than ``'params'`` and ``'forge_state'``, or the model has fused
         layers and ``tx`` holds gradient accumulation (``optax.MultiSteps``),
         global-norm clipping (``optax.clip_by_global_norm``) or
@@ -183,9 +188,15 @@ class TrainState(struct.PyTreeNode):
         The check walks the transformation's closures, so it finds these
         inside chains, ``named_chain``, ``multi_transform`` and ``partition``.
     """
-    if "params" not in variables:
+    if params is not None or variables is None:
+      raise ValueError(
+          "TrainState.create takes variables=model.init(...), the whole dict "
+          "with its 'params' and 'forge_state' collections (the fused layers' "
+          "optimizer state lives in 'forge_state'), not params=")
+    if not isinstance(variables, Mapping) or "params" not in variables:
+      got = sorted(variables) if isinstance(variables, Mapping) else type(variables).__name__
       raise ValueError("variables must hold a 'params' collection (from "
-                       f"model.init), got keys {sorted(variables)}")
+                       f"model.init), got {got}")
     others = sorted(set(variables) - {"params", FORGE_STATE})
     if others:
       raise ValueError(
@@ -442,6 +453,9 @@ class FusedTrainStep:
     self.jitted_in_trace = jitted if jitted_in_trace is None else jitted_in_trace
 
   def __call__(self, state: TrainState, batch: Any):
+    if not isinstance(state, TrainState):
+      raise TypeError(f"state must be a forge_jax.TrainState (TrainState.create), "
+                      f"got {type(state).__name__}")
     # Called inside a jit, loop or vmap of the caller's (a traced state), the
     # step is compiled without ordering the updates (fused_step's
     # order_updates: measured only for a step jitted on its own) and without
@@ -487,8 +501,16 @@ def make_train_step(
   applied when the step is called on arrays. Called inside a jit, loop or
   vmap of yours, the step runs with ``order_updates=False`` and
   ``in_place=False`` (the caller's loop may slice the state from a stack).
+
+  Raises:
+    ValueError: if ``loss_fn`` is not callable or ``order_updates`` is not
+      None, True or False. The step raises TypeError when called on
+      anything but a :class:`TrainState`.
   """
   _check_order_updates(order_updates)
+  if not callable(loss_fn):
+    raise ValueError(f"loss_fn must be a function (variables, batch) -> scalar "
+                     f"loss, got {type(loss_fn).__name__}")
 
   def step(state, batch, order_updates=order_updates, in_place=True):
     return fused_step(state, batch, loss_fn, implementation=implementation,
