@@ -60,8 +60,8 @@ def _compare_layouts(saved: Mapping[str, str], wanted: Mapping[str, str],
     if any(TRANSPOSED in saved.get(k, "") + wanted.get(k, "")
            for k in set(saved) | set(wanted)):
       hint = (" Some int8 scales differ in layout: ForgeDense stores its int8 "
-              "moments' scales transposed (QuantizedArray.scale_transposed, "
-              "since forge_jax's stop 29); a checkpoint written before holds "
+              "moments' scales transposed (QuantizedArray.scale_transposed); "
+              "checkpoints written by earlier versions of forge_jax hold "
               "them in the natural layout. Restore into a target whose "
               "QuantizedArrays are converted with "
               "pallas_kernels.quantization.with_scale_layout(q, False), then "
