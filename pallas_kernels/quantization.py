@@ -138,6 +138,21 @@ def natural_scale(q: QuantizedArray) -> jax.Array:
   return jnp.swapaxes(q.scale, -1, -2) if q.scale_transposed else q.scale
 
 
+def sharded_like(state, spec):
+  """The ``PartitionSpec`` (tree) of ``state`` split as an array with
+  ``spec``: ``spec`` itself for a plain array; for a QuantizedArray, its
+  codes split by ``spec``, its scales too (blocks lie along the last axis,
+  so a split of that axis splits the blocks), or with the last two entries
+  swapped when they are stored transposed."""
+  if not isinstance(state, QuantizedArray):
+    return spec
+  scale = spec
+  if state.scale_transposed:
+    entries = (*spec, *([None] * (state.codes.ndim - len(spec))))
+    scale = jax.sharding.PartitionSpec(*entries[:-2], entries[-1], entries[-2])
+  return QuantizedArray(spec, scale, state.nonnegative, state.scale_transposed)
+
+
 def with_scale_layout(q: QuantizedArray, scale_transposed: bool) -> QuantizedArray:
   """``q`` with its scales stored in the given layout (the same values)."""
   if q.scale_transposed == scale_transposed:

@@ -333,11 +333,7 @@ def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
         x, dy, kernel, state, hparams, seed=seed[0] if seed else None,
         index_offset=(row0, col0), index_width=d_out, **kw)
 
-  # int8 scales stored transposed, (out / 64, in), split with the axes swapped
-  state_specs = tuple(
-      quantization.QuantizedArray(w_spec, P(a_out, a_in), s.nonnegative, True)
-      if isinstance(s, quantization.QuantizedArray) and s.scale_transposed
-      else w_spec for s in state)
+  state_specs = tuple(quantization.sharded_like(s, w_spec) for s in state)
   seeds = () if seed is None else (seed,)
   return jax.shard_map(
       local, mesh=spec.mesh,

@@ -706,24 +706,18 @@ def tensor_parallel_specs(variables: Any, axis: str) -> Any:
   """
   P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
 
-  def spec(path, leaf, swap=False):
+  def spec(path, leaf):
     names = [getattr(k, "key", getattr(k, "name", "")) for k in path]
     nd = len(getattr(leaf, "shape", ()))
-    column = any(n in COLUMN_PARALLEL for n in names)
-    if nd >= 2 and (column or any(n in ROW_PARALLEL for n in names)):
-      # the split axis: out (last) for column-parallel layers, in (second
-      # to last) for row-parallel ones; the other way round for int8 scales
-      # stored transposed, (..., out / 64, in)
-      last = column != swap
-      return P(*([None] * (nd - 1)), axis) if last else P(
-          *([None] * (nd - 2)), axis, None)
+    if nd >= 2 and any(n in COLUMN_PARALLEL for n in names):
+      return P(*([None] * (nd - 1)), axis)
+    if nd >= 2 and any(n in ROW_PARALLEL for n in names):
+      return P(*([None] * (nd - 2)), axis, None)
     return P()
 
-  def node(path, leaf):
+  def node(path, leaf):  # an int8 state split like its codes
     if isinstance(leaf, quantization.QuantizedArray):
-      return quantization.QuantizedArray(
-          spec(path, leaf.codes), spec(path, leaf.scale, leaf.scale_transposed),
-          leaf.nonnegative, leaf.scale_transposed)
+      return quantization.sharded_like(leaf, spec(path, leaf.codes))
     return spec(path, leaf)
 
   return jax.tree_util.tree_map_with_path(

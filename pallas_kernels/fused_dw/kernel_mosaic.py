@@ -82,8 +82,9 @@ stored back by plain stores. States stored in that layout
 (``QuantizedArray.scale_transposed``, as ``ForgeDense`` keeps its moments)
 go in and out as they are; others are transposed around the kernel by XLA
 (4 bytes per 64 elements, each way; under ``lax.scan`` XLA was seen to
-transpose whole layer stacks of them, stop 26). The 128×128 tile measured slow with int8 states (1.29 ms at
-T=512, 4096→14336, against 0.47 for 64×128; presumably the decode and encode
+transpose whole layer stacks of them, stop 26). The 128×128 tile measured
+slow with int8 states (1.29 ms at T=512, 4096→14336, against 0.47 for
+64×128; presumably the decode and encode
 do not fit in registers beside a 128×128 accumulator, not checked with a
 profiler), hence their own :meth:`MosaicConfig.default`. Decoding and
 encoding are ``quantization.dequantize_blocks`` / ``quantize_blocks`` per
