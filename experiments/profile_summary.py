@@ -101,20 +101,59 @@ def device_events(events: list) -> list:
           and (e["pid"], e.get("tid")) not in derived]
 
 
+def idle_time(events: list, top: int = 8) -> dict:
+  """When the device waited: the events merged onto one timeline.
+
+  ``span_ms`` runs from the first start to the last end, ``busy_ms`` is the
+  union of the events' intervals (overlaps counted once) and ``idle_ms`` the
+  rest: time with no kernel running, e.g. waiting for the host to launch the
+  next one. Each gap is charged to the event that ended it (``after``: the
+  kernel the device waited for) and the one before it (``before``), summed
+  by name; the ``top`` names by gap time, each ``{"name", "ms", "count"}``.
+  """
+  timed = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]),
+                  str(e.get("name", ""))) for e in events if "ts" in e)
+  after = collections.defaultdict(lambda: [0.0, 0])
+  before = collections.defaultdict(lambda: [0.0, 0])
+  busy, end, last = 0.0, None, ""
+  for start, stop, name in timed:
+    if end is None or start >= end:
+      if end is not None and start > end:
+        for table, key in ((after, name), (before, last)):
+          table[key][0] += (start - end) / 1e3
+          table[key][1] += 1
+      busy += stop - start
+      end, last = stop, name
+    elif stop > end:
+      busy += stop - end
+      end, last = stop, name
+  span = (end - timed[0][0]) if timed else 0.0
+
+  def ranked(table):
+    return [dict(name=k, ms=v[0], count=v[1]) for k, v in
+            sorted(table.items(), key=lambda kv: -kv[1][0])[:top]]
+
+  return dict(span_ms=span / 1e3, busy_ms=busy / 1e3,
+              idle_ms=(span - busy) / 1e3, after=ranked(after),
+              before=ranked(before))
+
+
 def summarize(path: str, top: int = 15) -> dict:
   """Sums of device time in ms by category and by kernel.
 
   Returns:
     ``{"total_ms", "categories": {category: {"ms", "count"}}, "top":
-    [{"name", "category", "ms", "count"}, ...]}`` (the ``top`` kernels by
-    time), from the trace at (or under) ``path``.
+    [{"name", "category", "ms", "count"}, ...], "idle": idle_time(...)}``
+    (the ``top`` kernels by time; when the device waited), from the trace
+    at (or under) ``path``.
   """
   with gzip.open(find_trace(path), "rt") as f:
     data = json.load(f)
   events = data["traceEvents"] if isinstance(data, dict) else data
   by_cat = collections.defaultdict(lambda: [0.0, 0])
   by_name = collections.defaultdict(lambda: [0.0, 0])
-  for e in device_events(events):
+  device = device_events(events)
+  for e in device:
     name = str(e.get("name", ""))
     ms = float(e["dur"]) / 1e3  # trace durations are in microseconds
     for table, key in ((by_cat, category(name)), (by_name, name)):
@@ -122,6 +161,7 @@ def summarize(path: str, top: int = 15) -> dict:
       table[key][1] += 1
   kernels = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
   return dict(
+      idle=idle_time(device, top),
       total_ms=sum(v[0] for v in by_cat.values()),
       categories={k: dict(ms=v[0], count=v[1])
                   for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1][0])},
@@ -139,6 +179,15 @@ def print_summary(summary: dict, title: str = "") -> None:
   print("|---|---|---|---|")
   for k in summary["top"]:
     print(f"| {k['name'][:90]} | {k['category']} | {k['ms']:.3f} | {k['count']} |")
+  idle = summary.get("idle")
+  if idle:
+    print(f"\nfirst start to last end {idle['span_ms']:.2f} ms: busy "
+          f"{idle['busy_ms']:.2f} ms, idle {idle['idle_ms']:.2f} ms (no kernel running)")
+    print("| idle before this kernel | ms | gaps | idle after this kernel | ms | gaps |")
+    print("|---|---|---|---|---|---|")
+    for a, b in zip(idle["after"], idle["before"]):
+      print(f"| {a['name'][:60]} | {a['ms']:.3f} | {a['count']} "
+            f"| {b['name'][:60]} | {b['ms']:.3f} | {b['count']} |")
 
 
 def main(argv=None):

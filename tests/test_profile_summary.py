@@ -42,10 +42,29 @@ def test_gpu_stream_kernels_are_summed_by_category(tmp_path):
                                 "attention": 0.08, "copy / transpose": 0.02,
                                 "XLA fusion": 0.04, "other": 0.005})
   assert s["total_ms"] == pytest.approx(0.845)
+  # The kernels start 1 us apart and overlap: no idle time, 0.3 ms span (the first is the longest).
+  assert s["idle"]["idle_ms"] == pytest.approx(0.0)
+  assert s["idle"]["span_ms"] == pytest.approx(0.3)
   assert s["categories"]["fused dW + update"]["count"] == 2
   assert s["top"][0] == dict(name="forge_fused_dw_adamw_mosaic",
                              category="fused dW + update", ms=pytest.approx(0.4),
                              count=2)
+
+
+def test_idle_time_is_charged_to_the_kernels_around_each_gap():
+  # Times in microseconds: a [0, 10), b [10, 30) overlapping c [20, 40), gap 40-100,
+  # d [100, 110), gap 110-130, a [130, 135): span 135, busy 55, idle 80.
+  ev = [dict(ts=t, dur=d, name=n) for t, d, n in
+        [(100, 10, "d"), (0, 10, "a"), (20, 20, "c"), (10, 20, "b"), (130, 5, "a")]]
+  idle = profile_summary.idle_time(ev)
+  assert idle["span_ms"] == pytest.approx(0.135)
+  assert idle["busy_ms"] == pytest.approx(0.055)
+  assert idle["idle_ms"] == pytest.approx(0.080)
+  assert idle["after"] == [dict(name="d", ms=pytest.approx(0.06), count=1),
+                           dict(name="a", ms=pytest.approx(0.02), count=1)]
+  assert idle["before"] == [dict(name="c", ms=pytest.approx(0.06), count=1),
+                            dict(name="d", ms=pytest.approx(0.02), count=1)]
+  assert profile_summary.idle_time([])["idle_ms"] == 0
 
 
 def test_missing_trace_is_reported(tmp_path):
