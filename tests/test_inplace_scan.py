@@ -1,7 +1,6 @@
 """inplace_scan: the same values and gradients as lax.scan, fewer buffers."""
 
 import jax
-import jax.extend.core  # noqa: F401  (jaxprs_in_params)
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,33 +99,3 @@ def test_closed_over_values_get_their_gradient(rng):
   want = jax.grad(loss)(1.1, True)
   got = jax.jit(jax.grad(loss), static_argnums=1)(1.1, False)
   assert rel_err(got, want) <= 1e-5
-
-
-def _stack_reads(jaxpr, shape):
-  """How many dynamic_slice equations, at any depth, read an array of
-  ``shape`` (a stack) in ``jaxpr``."""
-  count = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "dynamic_slice" and eqn.invars[0].aval.shape == shape:
-      count += 1
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      count += _stack_reads(sub, shape)
-  return count
-
-
-def test_reslice_reads_the_slices_again_for_the_backward(rng):
-  """reslice=True: the same values and gradients, and the backward reads
-  the kernel stack twice per layer (the forward's copy and its own)."""
-  carry, diff, const = _inputs(rng, n=4, width=8)
-
-  def loss(d, reslice):
-    return jnp.sum(inplace_scan(_body, carry, d, const, reslice=reslice) ** 2)
-
-  want = jax.grad(loss)(diff, False)
-  got = jax.jit(jax.grad(loss), static_argnums=1)(diff, True)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    assert rel_err(a, b) <= 1e-6
-  reads = {r: _stack_reads(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(
-      diff, r).jaxpr, diff["w"].shape) for r in (False, True)}
-  # (the forward's lax.scan reads its slices without a dynamic_slice)
-  assert reads == {False: 1, True: 2}, reads

@@ -38,7 +38,7 @@ from jax import lax
 
 
 def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
-                 const: Any, *, reslice: bool = False) -> Any:
+                 const: Any) -> Any:
   """``carry = body(carry, diff[i], const[i])`` for i = 0 .. n-1; returns it.
 
   Args:
@@ -49,9 +49,6 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
       weights and states); differentiated.
     const: pytree of arrays with the same leading axis, not differentiated
       (e.g. uint32 rounding seeds); its cotangent is zero.
-    reslice: read layer i's slices of ``diff`` from the stacks again where
-      the backward needs them, instead of holding the slices the
-      recomputed forward read (see "Memory" below).
 
   Returns:
     The final carry. Its VJP returns the cotangent of ``carry`` and, for
@@ -71,16 +68,6 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
   moments), XLA on the CPU was seen to duplicate that computation into the
   in-place update and copy a moment stack (fp32 moments: 0.73 of the stack
   as temp where ``lax.scan`` needs 1.17; bf16 moments: 0.27).
-
-  The slices of layer i the recomputed forward reads (a kernel) are, by
-  default, one value with the slices its backward reads, so XLA holds each
-  from the forward's read to the backward's: in Llama-3.1-8B, gate_proj's
-  and up_proj's kernels (2 x 112 MiB) through down_proj's backward.
-  ``reslice=True`` reads them again after the forward, one more copy of
-  each slice the forward reads. Use it where the slices are written back
-  by opaque producers (fused kernels); where a slice's new value does not
-  depend on its old one (a plain gradient) XLA on the CPU was seen to copy
-  the whole stack instead.
 
   Raises:
     ValueError: if a leaf of ``diff`` is not floating, a leaf of ``const``
@@ -111,19 +98,17 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
   first = lambda a: a[0]  # noqa: E731
   converted, consts = jax.closure_convert(
       body, carry, jax.tree.map(first, diff), jax.tree.map(first, const))
-  return _scan(converted, bool(reslice), carry, diff, const, tuple(consts))
+  return _scan(converted, carry, diff, const, tuple(consts))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _scan(body, reslice, carry, diff, const, consts):
-  del reslice
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scan(body, carry, diff, const, consts):
   def step(c, xs):
     return body(c, *xs, *consts), None
   return lax.scan(step, carry, (diff, const))[0]
 
 
-def _scan_fwd(body, reslice, carry, diff, const, consts):
-  del reslice
+def _scan_fwd(body, carry, diff, const, consts):
   def step(c, xs):
     return body(c, *xs, *consts), c
   out, inputs = lax.scan(step, carry, (diff, const))
@@ -136,7 +121,7 @@ def _zero_cotangent(a):
   return np.zeros(np.shape(a), jax.dtypes.float0)
 
 
-def _scan_bwd(body, reslice, res, g):
+def _scan_bwd(body, res, g):
   inputs, diff, const, consts = res
   n = jax.tree.leaves((diff, const))[0].shape[0]
   float_consts = [jnp.issubdtype(jnp.result_type(a), jnp.inexact) for a in consts]
@@ -156,8 +141,6 @@ def _scan_bwd(body, reslice, res, g):
                                for a, f in zip(consts, float_consts)])
 
     _, vjp = jax.vjp(layer, c_i, d_i, fl)
-    if reslice:
-      vjp = _reslice_residuals(vjp, acc, d_i, i)
     g_c, g_d, g_fl = vjp(g)
     # Slice i of the stack is written only now, after everything of layer i
     # has been read: the carry is updated in place.
@@ -173,31 +156,6 @@ def _scan_bwd(body, reslice, res, g):
                     for a, f in zip(consts, float_consts))
   const_ct = jax.tree.map(_zero_cotangent, const)
   return g, acc, const_ct, consts_ct
-
-
-def _reslice_residuals(vjp, acc, d_i, i):
-  """``vjp`` with each residual that is one of layer i's slices ``d_i``
-  read again from its stack ``acc``, after the rest of the residuals.
-
-  The recomputed forward reads a slice (e.g. gate_proj's kernel) early and
-  its backward reads it late; as one value XLA holds it in between (in the
-  Llama-3.1-8B step, the gate and up kernels through down_proj's backward).
-  Reading it again where the backward needs it lets the first copy go
-  after the forward's last use. The index passes through an
-  ``optimization_barrier`` with every other residual, so the new read is
-  neither merged with the first (CSE) nor placed before the forward's end.
-  """
-  leaves, treedef = jax.tree.flatten(vjp)
-  slices = {id(x): k for k, x in enumerate(jax.tree.leaves(d_i))}
-  if not any(id(r) in slices for r in leaves):
-    return vjp
-  stacks = jax.tree.leaves(acc)
-  others = [r for r in leaves if id(r) not in slices]
-  late_i = lax.optimization_barrier((i, others))[0]
-  fresh = {k: lax.dynamic_index_in_dim(stacks[k], late_i, 0, keepdims=False)
-           for k in set(slices[id(r)] for r in leaves if id(r) in slices)}
-  leaves = [fresh[slices[id(r)]] if id(r) in slices else r for r in leaves]
-  return jax.tree.unflatten(treedef, leaves)
 
 
 _scan.defvjp(_scan_fwd, _scan_bwd)
