@@ -35,6 +35,7 @@ import argparse
 import collections
 import glob
 import gzip
+import itertools
 import json
 import os
 import re
@@ -112,7 +113,7 @@ def idle_time(events: list, top: int = 8) -> dict:
   by name; the ``top`` names by gap time, each ``{"name", "ms", "count"}``.
   """
   timed = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]),
-                  str(e.get("name", ""))) for e in events if "ts" in e)
+                  str(e.get("name", ""))) for e in events if "ts" in e and "dur" in e)
   after = collections.defaultdict(lambda: [0.0, 0])
   before = collections.defaultdict(lambda: [0.0, 0])
   busy, end, last = 0.0, None, ""
@@ -185,9 +186,11 @@ def print_summary(summary: dict, title: str = "") -> None:
           f"{idle['busy_ms']:.2f} ms, idle {idle['idle_ms']:.2f} ms (no kernel running)")
     print("| idle before this kernel | ms | gaps | idle after this kernel | ms | gaps |")
     print("|---|---|---|---|---|---|")
-    for a, b in zip(idle["after"], idle["before"]):
-      print(f"| {a['name'][:60]} | {a['ms']:.3f} | {a['count']} "
-            f"| {b['name'][:60]} | {b['ms']:.3f} | {b['count']} |")
+    blank = dict(name="", ms=None, count="")
+    cell = lambda k: (f"{k['name'][:60]} | " + ("" if k["ms"] is None  # noqa: E731
+                      else f"{k['ms']:.3f}") + f" | {k['count']}")
+    for a, b in itertools.zip_longest(idle["after"], idle["before"], fillvalue=blank):
+      print(f"| {cell(a)} | {cell(b)} |")
 
 
 def main(argv=None):

@@ -67,6 +67,21 @@ def test_idle_time_is_charged_to_the_kernels_around_each_gap():
   assert profile_summary.idle_time([])["idle_ms"] == 0
 
 
+def test_idle_table_keeps_every_row_when_the_columns_differ(capsys):
+  # Three gaps after one long kernel L: three kernels after a gap, one before.
+  ev = [dict(ts=t, dur=d, name=n) for t, d, n in
+        [(0, 10, "L"), (20, 1, "a"), (21, 9, "L"), (40, 1, "b"), (41, 9, "L"),
+         (60, 1, "c")]]
+  idle = profile_summary.idle_time(ev)
+  assert [k["name"] for k in idle["after"]] == ["a", "b", "c"]
+  assert idle["before"] == [dict(name="L", ms=pytest.approx(0.03), count=3)]
+  profile_summary.print_summary(dict(total_ms=0.04, categories={}, top=[], idle=idle))
+  rows = [r for r in capsys.readouterr().out.splitlines()
+          if r.startswith("| a ") or r.startswith("| b ") or r.startswith("| c ")]
+  assert len(rows) == 3 and rows[0].endswith("| L | 0.030 | 3 |"), rows
+  assert rows[2].endswith("|  |  |  |"), rows
+
+
 def test_missing_trace_is_reported(tmp_path):
   with pytest.raises(FileNotFoundError, match="expected the directory given to jax.profiler.trace"):
     profile_summary.summarize(str(tmp_path))
