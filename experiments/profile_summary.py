@@ -186,11 +186,11 @@ def print_summary(summary: dict, title: str = "") -> None:
           f"{idle['busy_ms']:.2f} ms, idle {idle['idle_ms']:.2f} ms (no kernel running)")
     print("| idle before this kernel | ms | gaps | idle after this kernel | ms | gaps |")
     print("|---|---|---|---|---|---|")
-    blank = dict(name="", ms=None, count="")
-    cell = lambda k: (f"{k['name'][:60]} | " + ("" if k["ms"] is None  # noqa: E731
-                      else f"{k['ms']:.3f}") + f" | {k['count']}")
-    for a, b in itertools.zip_longest(idle["after"], idle["before"], fillvalue=blank):
-      print(f"| {cell(a)} | {cell(b)} |")
+    cells = lambda ks: [f"{k['name'][:60]} | {k['ms']:.3f} | {k['count']}"  # noqa: E731
+                        for k in ks]
+    for a, b in itertools.zip_longest(cells(idle["after"]), cells(idle["before"]),
+                                      fillvalue=" |  | "):  # a blank row's cells
+      print(f"| {a} | {b} |")
 
 
 def main(argv=None):
