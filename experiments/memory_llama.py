@@ -350,6 +350,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   compiled = lowered.compile()
   phase("compile")
   ma = compiled.memory_analysis()
+  hlo = profile_summary.hlo_summary(compiled.as_text() or "")
   analysis = {k: int(getattr(ma, k, 0) or 0) for k in (
       "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
       "temp_size_in_bytes")} if ma is not None else {}
@@ -370,7 +371,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   median = float(np.median(times[2:] or times))
   # Peak and loss as of the timed steps (the profiled one comes after).
   peak, loss = peak_bytes(), losses[-1]
-  extra = dict(init_how)
+  extra = dict(init_how, hlo=hlo)
   if layers:
     extra["n_layers"] = layers
   if movement:  # after the timed steps, before a profiled one
@@ -477,8 +478,15 @@ def print_losses(rows) -> None:
 
 
 def print_profiles(rows) -> None:
-  """Each profiled row's device time by kind of kernel (``--profile``)."""
+  """Each profiled row's device time by kind of kernel (``--profile``), and
+  each row's command buffers (``profile_summary.hlo_summary``)."""
   for r in rows:
+    if "hlo" in r:
+      h = r["hlo"]
+      print(f"\n{_model_label(r)} {r['optimizer']} {r['layout']} T={r['tokens']}: "
+            f"{h['command_buffers']} command buffers; fusions inside/outside "
+            f"{h['fusions'][0]}/{h['fusions'][1]}; custom calls inside/outside "
+            + ", ".join(f"{t} {v[0]}/{v[1]}" for t, v in h["custom_calls"].items()))
     if "profile" in r:
       profile_summary.print_summary(
           r["profile"], f"{r['optimizer']} {r['layout']} T={r['tokens']}: "

@@ -139,13 +139,89 @@ def idle_time(events: list, top: int = 8) -> dict:
               before=ranked(before))
 
 
+def host_time(events: list, device: list, top: int = 12) -> dict:
+  """What the host did during the traced step, beside the device's span.
+
+  The host's complete events (every process but the ``/device:GPU`` ones;
+  not the Python tracer's ``$file:line function`` events, which include
+  the profiler's own start and stop) summed by name: inclusive times, so an event and the ones nested in it
+  each count (``top`` names by time, ``{"name", "ms", "count"}``).
+  ``span_ms`` runs from the first host event's start to the last one's
+  end; ``lead_ms`` from that start to the device's first kernel (host
+  work before the device starts, e.g. argument handling and command
+  buffer updates), ``tail_ms`` from the device's last kernel's end to the
+  host's last end. The trace gives host and device events one clock.
+  Empty (``{}``) without host or device events.
+  """
+  gpu = {e["pid"] for e in events if e.get("ph") == "M"
+         and e.get("name") == "process_name"
+         and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
+  host = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e
+          and e.get("pid") not in gpu
+          and not str(e.get("name", "")).startswith("$")]
+  dev = [e for e in device if "ts" in e and "dur" in e]
+  if not host or not dev:
+    return {}
+  by_name = collections.defaultdict(lambda: [0.0, 0])
+  for e in host:
+    by_name[str(e.get("name", ""))][0] += float(e["dur"]) / 1e3
+    by_name[str(e.get("name", ""))][1] += 1
+  h0 = min(float(e["ts"]) for e in host)
+  h1 = max(float(e["ts"]) + float(e["dur"]) for e in host)
+  d0 = min(float(e["ts"]) for e in dev)
+  d1 = max(float(e["ts"]) + float(e["dur"]) for e in dev)
+  return dict(span_ms=(h1 - h0) / 1e3, lead_ms=(d0 - h0) / 1e3,
+              tail_ms=(h1 - d1) / 1e3,
+              top=[dict(name=k, ms=v[0], count=v[1]) for k, v in
+                   sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+
+
+def hlo_summary(text: str) -> dict:
+  """Where a compiled step's kernels sit relative to XLA's command buffers
+  (CUDA graphs), from its optimized HLO (``compiled.as_text()``).
+
+  XLA's command-buffer pass outlines runs of capturable ops into
+  computations named ``command_buffer*``, each launched as one graph; an op
+  it cannot capture (a custom call whose handler is not marked
+  command-buffer compatible) ends the run. Returns ``{"command_buffers":
+  the calls of such computations, "fusions": [inside, outside],
+  "custom_calls": {target: [inside, outside]}}``; inside means in a
+  ``command_buffer*`` computation.
+  """
+  calls = 0
+  fusions = [0, 0]
+  custom = collections.defaultdict(lambda: [0, 0])
+  inside = False
+  for line in text.splitlines():
+    if line and not line[0].isspace():
+      m = _COMPUTATION.match(line)
+      if m:
+        inside = m.group(1).startswith("command_buffer")
+      continue
+    if "to_apply=%command_buffer" in line or "to_apply=command_buffer" in line:
+      calls += 1
+    k = 0 if inside else 1
+    m = _TARGET.search(line)
+    if m and " custom-call(" in line:
+      custom[m.group(1)][k] += 1
+    elif " fusion(" in line:
+      fusions[k] += 1
+  return dict(command_buffers=calls, fusions=fusions,
+              custom_calls={t: v for t, v in sorted(custom.items())})
+
+
 def summarize(path: str, top: int = 15) -> dict:
   """Sums of device time in ms by category and by kernel.
 
   Returns:
     ``{"total_ms", "categories": {category: {"ms", "count"}}, "top":
-    [{"name", "category", "ms", "count"}, ...], "idle": idle_time(...)}``
-    (the ``top`` kernels by time; when the device waited), from the trace
+    [{"name", "category", "ms", "count"}, ...], "idle": idle_time(...),
+    "host": host_time(...)}`` (the ``top`` kernels by time; when the device
+    waited; what the host did), from the trace
     at (or under) ``path``.
   """
   with gzip.open(find_trace(path), "rt") as f:
@@ -163,6 +239,7 @@ def summarize(path: str, top: int = 15) -> dict:
   kernels = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
   return dict(
       idle=idle_time(device, top),
+      host=host_time(events, device, top),
       total_ms=sum(v[0] for v in by_cat.values()),
       categories={k: dict(ms=v[0], count=v[1])
                   for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1][0])},
@@ -191,6 +268,15 @@ def print_summary(summary: dict, title: str = "") -> None:
     for a, b in itertools.zip_longest(cells(idle["after"]), cells(idle["before"]),
                                       fillvalue=" |  | "):  # a blank row's cells
       print(f"| {a} | {b} |")
+  host = summary.get("host")
+  if host:
+    print(f"\nhost: first start to last end {host['span_ms']:.2f} ms; the device's "
+          f"first kernel {host['lead_ms']:.2f} ms after the host's first event, its "
+          f"last kernel's end {host['tail_ms']:.2f} ms before the host's last end")
+    print("| host event (inclusive) | ms | count |")
+    print("|---|---|---|")
+    for k in host["top"]:
+      print(f"| {k['name'][:90]} | {k['ms']:.3f} | {k['count']} |")
 
 
 def main(argv=None):

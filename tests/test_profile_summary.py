@@ -133,3 +133,53 @@ def test_host_control_flow_is_not_counted_beside_its_ops(tmp_path):
   assert s["total_ms"] == pytest.approx(0.05)
   assert {k: v["ms"] for k, v in s["categories"].items()} == pytest.approx(
       {"matmul": 0.03, "XLA fusion": 0.02})
+
+
+def test_host_time_measures_host_work_around_the_device_span():
+  meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+          {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}}]
+  host = [{"ph": "X", "pid": 1, "tid": 1, "ts": 100.0, "dur": 5000.0, "name": "Execute"},
+          {"ph": "X", "pid": 1, "tid": 1, "ts": 200.0, "dur": 1500.0, "name": "Update"},
+          {"ph": "X", "pid": 1, "tid": 1, "ts": 2000.0, "dur": 500.0, "name": "Update"},
+          {"ph": "i", "pid": 1, "tid": 1, "ts": 0.0, "name": "marker"},  # no duration
+          # The Python tracer's events (the profiler's own stop among them).
+          {"ph": "X", "pid": 1, "tid": 1, "ts": 50.0, "dur": 9e5,
+           "name": "$profiler.py:271 stop_trace"}]
+  dev = [{"ph": "X", "pid": 7, "tid": 3, "ts": 1800.0, "dur": 1000.0, "name": "k1"},
+         {"ph": "X", "pid": 7, "tid": 3, "ts": 3000.0, "dur": 1100.0, "name": "k2"}]
+  h = profile_summary.host_time(meta + host + dev, dev, top=5)
+  assert h["span_ms"] == pytest.approx(5.0)     # 100 .. 5100 us
+  assert h["lead_ms"] == pytest.approx(1.7)     # host 100 -> device 1800
+  assert h["tail_ms"] == pytest.approx(1.0)     # device 4100 -> host 5100
+  assert [(k["name"], k["count"]) for k in h["top"]] == [("Execute", 1), ("Update", 2)]
+  assert h["top"][1]["ms"] == pytest.approx(2.0)
+  assert profile_summary.host_time(meta + dev, dev) == {}
+
+
+def test_hlo_summary_counts_kernels_inside_and_outside_command_buffers():
+  text = """HloModule jit_step
+
+%command_buffer (p0: f32[8], p1: f32[8]) -> f32[8] {
+  %p0 = f32[8]{0} parameter(0)
+  %f = f32[8]{0} fusion(f32[8]{0} %p0), kind=kLoop, calls=%fused_add
+  %g = f32[8]{0} custom-call(f32[8]{0} %f), custom_call_target="__cublas$gemm"
+  ROOT %h = f32[8]{0} fusion(f32[8]{0} %g), kind=kLoop, calls=%fused_mul
+}
+
+%command_buffer.1 (p0: f32[8]) -> f32[8] {
+  ROOT %f2 = f32[8]{0} fusion(f32[8]{0} %p0), kind=kLoop, calls=%fused_add
+}
+
+ENTRY %main.5 (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %c = f32[8]{0} call(f32[8]{0} %a, f32[8]{0} %a), to_apply=%command_buffer
+  %m = f32[8]{0} custom-call(f32[8]{0} %c), custom_call_target="mosaic_gpu_v2"
+  %m2 = f32[8]{0} custom-call(f32[8]{0} %m), custom_call_target="mosaic_gpu_v2"
+  %c2 = f32[8]{0} call(f32[8]{0} %m2), to_apply=%command_buffer.1
+  ROOT %x = f32[8]{0} fusion(f32[8]{0} %c2), kind=kLoop, calls=%fused_neg
+}
+"""
+  h = profile_summary.hlo_summary(text)
+  assert h["command_buffers"] == 2
+  assert h["fusions"] == [3, 1]
+  assert h["custom_calls"] == {"__cublas$gemm": [1, 0], "mosaic_gpu_v2": [0, 2]}
