@@ -484,7 +484,7 @@ def print_profiles(rows) -> None:
     if "hlo" in r:
       h = r["hlo"]
       print(f"\n{_model_label(r)} {r['optimizer']} {r['layout']} T={r['tokens']}: "
-            f"{h['command_buffers']} command buffers; fusions inside/outside "
+            f"{h['command_buffers']} command_buffer computations in the HLO; fusions inside/outside "
             f"{h['fusions'][0]}/{h['fusions'][1]}; custom calls inside/outside "
             + ", ".join(f"{t} {v[0]}/{v[1]}" for t, v in h["custom_calls"].items()))
     if "profile" in r:

@@ -147,11 +147,13 @@ def host_time(events: list, device: list, top: int = 12) -> dict:
   the profiler's own start and stop) summed by name: inclusive times, so an event and the ones nested in it
   each count (``top`` names by time, ``{"name", "ms", "count"}``).
   ``span_ms`` runs from the first host event's start to the last one's
-  end; ``lead_ms`` from that start to the device's first kernel (host
-  work before the device starts, e.g. argument handling and command
-  buffer updates), ``tail_ms`` from the device's last kernel's end to the
-  host's last end. The trace gives host and device events one clock.
-  Empty (``{}``) without host or device events.
+  end; ``lead_ms`` from that start to the device's first kernel: host
+  work before the device starts, such as argument handling and, on the
+  GPU, updating the step's CUDA graph (``command_buffer::update``) before
+  launching it. The trace gives host and device events one clock. (The
+  host's wait for the result is a Python event, left out, so the host's
+  events end long before the device's.) Empty (``{}``) without host or
+  device events.
   """
   gpu = {e["pid"] for e in events if e.get("ph") == "M"
          and e.get("name") == "process_name"
@@ -169,9 +171,7 @@ def host_time(events: list, device: list, top: int = 12) -> dict:
   h0 = min(float(e["ts"]) for e in host)
   h1 = max(float(e["ts"]) + float(e["dur"]) for e in host)
   d0 = min(float(e["ts"]) for e in dev)
-  d1 = max(float(e["ts"]) + float(e["dur"]) for e in dev)
   return dict(span_ms=(h1 - h0) / 1e3, lead_ms=(d0 - h0) / 1e3,
-              tail_ms=(h1 - d1) / 1e3,
               top=[dict(name=k, ms=v[0], count=v[1]) for k, v in
                    sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
 
@@ -184,10 +184,14 @@ def hlo_summary(text: str) -> dict:
   """Where a compiled step's kernels sit relative to XLA's command buffers
   (CUDA graphs), from its optimized HLO (``compiled.as_text()``).
 
-  XLA's command-buffer pass outlines runs of capturable ops into
+  XLA's HLO command-buffer pass outlines runs of capturable ops into
   computations named ``command_buffer*``, each launched as one graph; an op
   it cannot capture (a custom call whose handler is not marked
-  command-buffer compatible) ends the run. Returns ``{"command_buffers":
+  command-buffer compatible) ends the run. The XLA of jax 0.11 on the H200
+  shows none in the HLO and still runs the whole step as one CUDA graph
+  (``command_buffer_1``, one ``cuGraphLaunch`` among the profile's host
+  events, Mosaic kernels included): it forms them from the thunk sequence.
+  So 0 here does not mean no graphs. Returns ``{"command_buffers":
   the calls of such computations, "fusions": [inside, outside],
   "custom_calls": {target: [inside, outside]}}``; inside means in a
   ``command_buffer*`` computation.
@@ -271,8 +275,7 @@ def print_summary(summary: dict, title: str = "") -> None:
   host = summary.get("host")
   if host:
     print(f"\nhost: first start to last end {host['span_ms']:.2f} ms; the device's "
-          f"first kernel {host['lead_ms']:.2f} ms after the host's first event, its "
-          f"last kernel's end {host['tail_ms']:.2f} ms before the host's last end")
+          f"first kernel {host['lead_ms']:.2f} ms after the host's first event")
     print("| host event (inclusive) | ms | count |")
     print("|---|---|---|")
     for k in host["top"]:

@@ -150,7 +150,6 @@ def test_host_time_measures_host_work_around_the_device_span():
   h = profile_summary.host_time(meta + host + dev, dev, top=5)
   assert h["span_ms"] == pytest.approx(5.0)     # 100 .. 5100 us
   assert h["lead_ms"] == pytest.approx(1.7)     # host 100 -> device 1800
-  assert h["tail_ms"] == pytest.approx(1.0)     # device 4100 -> host 5100
   assert [(k["name"], k["count"]) for k in h["top"]] == [("Execute", 1), ("Update", 2)]
   assert h["top"][1]["ms"] == pytest.approx(2.0)
   assert profile_summary.host_time(meta + dev, dev) == {}
