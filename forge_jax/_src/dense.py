@@ -65,12 +65,9 @@ class FusedContext:
     seed: uint32 scalar, the run's stochastic-rounding seed (each layer mixes
       in a hash of its path).
     backward_traces: module path -> number of times its backward was traced.
-    order_updates: finish the update of each fused layer whose state is not
-      stacked before the rest of the backward pass reads its dx (see
-      :func:`order_update`, :func:`orders_update`); set from
+    order_updates: finish each fused layer's update before the rest of the
+      backward pass reads its dx (see :func:`order_update`); set from
       ``fused_step``'s ``order_updates``.
-    order_stacked: the same for the layers in ``stacked`` (``fused_step``'s
-      ``order_updates=True`` only).
     stacked: the module paths of the fused layers whose state is stacked
       (nn.scan, ``inplace_scan``). Their kernels never update in place
       (:func:`update_in_place`).
@@ -88,7 +85,6 @@ class FusedContext:
   backward_traces: dict[tuple[str, ...], int] = dataclasses.field(
       default_factory=dict)
   order_updates: bool = False
-  order_stacked: bool = False
   stacked: frozenset[tuple[str, ...]] = frozenset()
   in_place: bool = False
   audit: bool = False
@@ -214,7 +210,7 @@ def _forge_linear_bwd(spec, residuals, dy):
   new_kernel, new_state = _sharded_update(spec, x2, dy2, kernel, state, hparams, seed)
   if spec.context.audit and spec.kernel_axes == (None, None):
     audit_update(spec, x2, dy2, kernel, state, hparams, seed, new_kernel)
-  if orders_update(spec.context, spec.path):
+  if spec.context.order_updates:
     dx, new_kernel = order_update(dx, new_kernel)
   return (dx, new_kernel, quantization.as_float_view(new_state),
           jnp.zeros_like(hparams), *probe_and_seed_cotangents(probe, seed, dy))
@@ -238,13 +234,6 @@ def audit_update(spec: _Spec, x, dy, kernel, state, hparams, seed, new_kernel):
   jax.debug.print("forge audit " + ("/".join(spec.path) or "<root module>")
                   + ": err {e:.3e}, weights differing {d:.3e}",
                   e=err, d=jnp.mean(new_kernel != want))
-
-
-def orders_update(ctx: FusedContext, path: tuple[str, ...]) -> bool:
-  """Whether the fused layer at ``path`` ties its update before the rest of
-  the backward (:func:`order_update`): a stacked layer when
-  ``ctx.order_stacked``, any other when ``ctx.order_updates``."""
-  return ctx.order_stacked if path in ctx.stacked else ctx.order_updates
 
 
 def order_update(dx, new_kernel):

@@ -249,12 +249,9 @@ def fused_step(
       dx and new kernel, :func:`forge_jax._src.dense.order_update`; it
       changes no value): XLA's GPU scheduler then keeps no copies of
       kernels, 1.25 GiB less at the unrolled Llama-3.1-8B step's peak on the
-      H200. True: on; False: off; None: on for each fused layer whose state
-      is not stacked, off for stacked ones (scanned layers: ordering them
-      gave 2.08 GiB of temp against 1.86 without it, Llama-3.1-8B, int8
-      moments). So in a scanned model the unstacked head is ordered: its
-      update runs before the scanned blocks' backward, which then does not
-      hold the logits' gradient. False by default here, as it
+      H200. True: on; False: off; None: on unless a fused layer's state is
+      stacked (scanned layers: there it gave 2.08 GiB of temp against 1.86
+      without it, Llama-3.1-8B, int8 moments). False by default here, as it
       was measured only for a step jitted on its own
       (:func:`make_train_step`, whose default is None), not inside a loop or
       vmap of yours.
@@ -326,14 +323,12 @@ def fused_step(
     return loss, aux
 
   kernel_mosaic.check_in_place(in_place)
-  _check_order_updates(order_updates)
   if not isinstance(audit, bool):
     raise ValueError(f"audit={audit!r} must be True or False")
   stacked = _stacked_layers(state.forge_state)
   ctx = dense_lib.FusedContext(step=state.step, implementation=implementation,
                                interpret=interpret, seed=state.seed,
-                               order_updates=order_updates is not False,
-                               order_stacked=order_updates is True,
+                               order_updates=_order_updates(stacked, order_updates),
                                stacked=stacked,
                                in_place=in_place, audit=audit)
   with dense_lib.fused_context(ctx):
@@ -380,6 +375,15 @@ def _stacked_layers(forge_state) -> frozenset[tuple[str, ...]]:
   inplace_scan): their probe is not a scalar."""
   return frozenset(k[:-1] for k, v in traverse_util.flatten_dict(
       dict(forge_state)).items() if k[-1] == PROBE and jnp.ndim(v) > 0)
+
+
+def _order_updates(stacked: frozenset, order_updates: bool | None) -> bool:
+  """fused_step's ``order_updates``, None resolved (off when a fused layer's
+  state is stacked)."""
+  _check_order_updates(order_updates)
+  if order_updates is None:
+    return not stacked
+  return order_updates
 
 
 def _refuse_other_uses_of_fused_kernels(objective, args) -> None:
@@ -495,9 +499,8 @@ def make_train_step(
   rate and step count are traced, so a schedule does not recompile. See
   :class:`FusedTrainStep` for ``check_backward``.
 
-  ``order_updates`` is :func:`fused_step`'s (None: the updates of fused
-  layers whose state is not stacked are ordered, those of scanned layers
-  not; True: all; False: none),
+  ``order_updates`` is :func:`fused_step`'s (None: the updates are ordered
+  unless a fused layer's state is stacked; True: always; False: never),
   applied when the step is called on arrays. Called inside a jit, loop or
   vmap of yours, the step runs with ``order_updates=False`` and
   ``in_place=False`` (the caller's loop may slice the state from a stack).
