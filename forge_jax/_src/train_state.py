@@ -347,11 +347,8 @@ def fused_step(
   counts = [v for k, v in flat_fs.items() if k[-1] == PROBE]
   backward_ok = jnp.all(jnp.stack([jnp.all(c == 1) for c in counts])
                         ) if counts else jnp.asarray(True)
-  # The probes leave as they came (zero: a probe's value is never read, only
-  # its cotangent). New zeros would be outputs that alias no input, which
-  # the runtime allocates afresh at every step.
-  old_fs = traverse_util.flatten_dict(dict(state.forge_state))
-  flat_fs = {k: (old_fs[k] if k[-1] == PROBE else v) for k, v in flat_fs.items()}
+  flat_fs = {k: (jnp.zeros_like(v) if k[-1] == PROBE else v)
+             for k, v in flat_fs.items()}
   new_forge_state = quantization.from_float_view(
       traverse_util.unflatten_dict(flat_fs) if flat_fs else {})
   new_fused = {k: new_kernels[k] for k in fused}
