@@ -484,9 +484,10 @@ def print_profiles(rows) -> None:
     if "hlo" in r:
       h = r["hlo"]
       print(f"\n{_model_label(r)} {r['optimizer']} {r['layout']} T={r['tokens']}: "
-            f"{h['command_buffers']} command_buffer computations in the HLO; fusions inside/outside "
-            f"{h['fusions'][0]}/{h['fusions'][1]}; custom calls inside/outside "
-            + ", ".join(f"{t} {v[0]}/{v[1]}" for t, v in h["custom_calls"].items()))
+            f"{h['command_buffers']} calls of command_buffer computations in the HLO; "
+            f"fusions inside/outside {h['fusions'][0]}/{h['fusions'][1]}; custom calls "
+            "inside/outside " + (", ".join(f"{t} {v[0]}/{v[1]}" for t, v in
+                                           h["custom_calls"].items()) or "none"))
     if "profile" in r:
       profile_summary.print_summary(
           r["profile"], f"{r['optimizer']} {r['layout']} T={r['tokens']}: "

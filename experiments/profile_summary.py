@@ -143,8 +143,10 @@ def host_time(events: list, device: list, top: int = 12) -> dict:
   """What the host did during the traced step, beside the device's span.
 
   The host's complete events (every process but the ``/device:GPU`` ones;
+  not the events in ``device``, which off the GPU are the host's XLA ops;
   not the Python tracer's ``$file:line function`` events, which include
-  the profiler's own start and stop) summed by name: inclusive times, so an event and the ones nested in it
+  the profiler's own start and stop; not events without a time and
+  duration) summed by name: inclusive times, so an event and the ones nested in it
   each count (``top`` names by time, ``{"name", "ms", "count"}``).
   ``span_ms`` runs from the first host event's start to the last one's
   end; ``lead_ms`` from that start to the device's first kernel: host
@@ -158,10 +160,17 @@ def host_time(events: list, device: list, top: int = 12) -> dict:
   gpu = {e["pid"] for e in events if e.get("ph") == "M"
          and e.get("name") == "process_name"
          and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
-  host = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e
-          and e.get("pid") not in gpu
+  on_device = {id(e) for e in device}  # off the GPU: the host's XLA ops
+
+  def timed(e):
+    try:
+      return float(e["ts"]) >= 0 and float(e["dur"]) >= 0
+    except (KeyError, TypeError, ValueError):
+      return False
+  host = [e for e in events if e.get("ph") == "X" and timed(e)
+          and e.get("pid") not in gpu and id(e) not in on_device
           and not str(e.get("name", "")).startswith("$")]
-  dev = [e for e in device if "ts" in e and "dur" in e]
+  dev = [e for e in device if timed(e)]
   if not host or not dev:
     return {}
   by_name = collections.defaultdict(lambda: [0.0, 0])
@@ -178,6 +187,22 @@ def host_time(events: list, device: list, top: int = 12) -> dict:
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_CUSTOM_CALL = re.compile(r"\scustom-call(?:-start)?\(")
+_FUSION = re.compile(r"\sfusion(?:-start)?\(")
+# Computations an instruction runs: calls=, to_apply=, body=, condition=,
+# branch_computations={...}.
+_CALLED = re.compile(r"(calls|to_apply|body|condition|branch_computations)="
+                     r"(\{[^}]*\}|%?[\w.\-]+)")
+
+
+def _closure(roots, edges) -> set:
+  seen, todo = set(), list(roots)
+  while todo:
+    c = todo.pop()
+    if c not in seen:
+      seen.add(c)
+      todo.extend(edges.get(c, ()))
+  return seen
 
 
 def hlo_summary(text: str) -> dict:
@@ -192,28 +217,49 @@ def hlo_summary(text: str) -> dict:
   (``command_buffer_1``, one ``cuGraphLaunch`` among the profile's host
   events, Mosaic kernels included): it forms them from the thunk sequence.
   So 0 here does not mean no graphs. Returns ``{"command_buffers":
-  the calls of such computations, "fusions": [inside, outside],
-  "custom_calls": {target: [inside, outside]}}``; inside means in a
-  ``command_buffer*`` computation.
+  the call sites of such computations, "fusions": [inside, outside],
+  "custom_calls": {target: [inside, outside]}}``. Inside means in a
+  ``command_buffer*`` computation or one it runs (a loop's body, a
+  branch). A fusion counts once: the computations a fusion calls (its
+  body, and fusions nested in it) are not counted. Async starts
+  (``fusion-start``, ``custom-call-start``) count like the op.
   """
-  calls = 0
-  fusions = [0, 0]
-  custom = collections.defaultdict(lambda: [0, 0])
-  inside = False
+  comps, order, current = {}, [], None
   for line in text.splitlines():
     if line and not line[0].isspace():
       m = _COMPUTATION.match(line)
-      if m:
-        inside = m.group(1).startswith("command_buffer")
+      current = m.group(1) if m else None
+      if current is not None:
+        comps.setdefault(current, [])
+        order.append(current)
       continue
-    if "to_apply=%command_buffer" in line or "to_apply=command_buffer" in line:
-      calls += 1
-    k = 0 if inside else 1
-    m = _TARGET.search(line)
-    if m and " custom-call(" in line:
-      custom[m.group(1)][k] += 1
-    elif " fusion(" in line:
-      fusions[k] += 1
+    if current is not None:
+      comps[current].append(line)
+
+  def called(line):
+    return [n.lstrip("%") for _, v in _CALLED.findall(line)
+            for n in v.strip("{}").split(",") if n.strip()]
+
+  edges = {c: [n.strip() for line in lines for n in called(line)]
+           for c, lines in comps.items()}
+  fusion_edges = {c: [n.strip() for line in lines if _FUSION.search(line)
+                      for n in called(line)] for c, lines in comps.items()}
+  bodies = _closure([n for v in fusion_edges.values() for n in v], edges)
+  inside = _closure([c for c in comps if c.startswith("command_buffer")], edges)
+  calls = 0
+  fusions = [0, 0]
+  custom = collections.defaultdict(lambda: [0, 0])
+  for c in order:
+    if c in bodies:
+      continue
+    k = 0 if c in inside else 1
+    for line in comps[c]:
+      calls += sum(n.startswith("command_buffer") for n in called(line))
+      m = _TARGET.search(line)
+      if m and _CUSTOM_CALL.search(line):
+        custom[m.group(1)][k] += 1
+      elif _FUSION.search(line):
+        fusions[k] += 1
   return dict(command_buffers=calls, fusions=fusions,
               custom_calls={t: v for t, v in sorted(custom.items())})
 

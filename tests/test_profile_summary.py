@@ -182,3 +182,70 @@ ENTRY %main.5 (a: f32[8]) -> f32[8] {
   assert h["command_buffers"] == 2
   assert h["fusions"] == [3, 1]
   assert h["custom_calls"] == {"__cublas$gemm": [1, 0], "mosaic_gpu_v2": [0, 2]}
+
+
+def test_hlo_summary_counts_each_launched_kernel_once_where_it_runs():
+  """A fusion's own computations (its body, fusions nested in it) are not
+  kernels of their own; a loop body run by a command buffer is inside it;
+  async starts count like the op (found by the breaker, stop 31)."""
+  text = """HloModule jit_step
+
+%nested_gemm (p0: bf16[8,8]) -> bf16[8,8] {
+  %p0 = bf16[8,8]{1,0} parameter(0)
+  ROOT %n = bf16[8,8]{1,0} fusion(bf16[8,8]{1,0} %p0), kind=kCustom, calls=%inner
+}
+
+%gemm_fusion_dot (p0: bf16[8,8]) -> bf16[8,8] {
+  %p0 = bf16[8,8]{1,0} parameter(0)
+  %a = bf16[8,8]{1,0} fusion(bf16[8,8]{1,0} %p0), kind=kCustom, calls=%nested_gemm
+  ROOT %b = bf16[8,8]{1,0} fusion(bf16[8,8]{1,0} %a), kind=kCustom, calls=%nested_gemm
+}
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %f = f32[8]{0} fusion((s32[], f32[8]{0}) %p), kind=kLoop, calls=%fused_add
+  ROOT %t = (s32[], f32[8]{0}) tuple(s32[] %i, f32[8]{0} %f)
+}
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  ROOT %lt = pred[] fusion((s32[], f32[8]{0}) %p), kind=kLoop, calls=%fused_lt
+}
+
+%command_buffer (p0: bf16[8,8], p1: (s32[], f32[8])) -> bf16[8,8] {
+  %p0 = bf16[8,8]{1,0} parameter(0)
+  %g = bf16[8,8]{1,0} fusion(bf16[8,8]{1,0} %p0), kind=kCustom, calls=%gemm_fusion_dot
+  %w = (s32[], f32[8]{0}) while((s32[], f32[8]{0}) %p1), condition=%cond, body=%body
+  ROOT %r = bf16[8,8]{1,0} copy(bf16[8,8]{1,0} %g)
+}
+
+ENTRY %main.5 (a: bf16[8,8], b: (s32[], f32[8])) -> bf16[8,8] {
+  %a = bf16[8,8]{1,0} parameter(0)
+  %b = (s32[], f32[8]{0}) parameter(1)
+  %c = bf16[8,8]{1,0} call(bf16[8,8]{1,0} %a, (s32[], f32[8]{0}) %b), to_apply=%command_buffer
+  %s = ((bf16[8,8]{1,0}), bf16[8,8]{1,0}, u32[]) custom-call-start(bf16[8,8]{1,0} %c), custom_call_target="foo"
+  %fs = ((bf16[8,8]{1,0}), bf16[8,8]{1,0}) fusion-start(bf16[8,8]{1,0} %c), kind=kLoop, calls=%fused_neg
+  ROOT %x = bf16[8,8]{1,0} fusion(bf16[8,8]{1,0} %c), kind=kLoop, calls=%fused_neg
+}
+"""
+  h = profile_summary.hlo_summary(text)
+  assert h["command_buffers"] == 1
+  # inside: the gemm fusion (its three nested fusions not counted), the
+  # loop body's and condition's fusions; outside: fusion-start and fusion.
+  assert h["fusions"] == [3, 2]
+  assert h["custom_calls"] == {"foo": [0, 1]}
+
+
+def test_host_time_leaves_out_the_device_events_and_untimed_ones():
+  """Off the GPU the device events are the host's XLA ops: not host work."""
+  ops = [{"ph": "X", "pid": 1, "tid": 2, "ts": 10.0, "dur": 50.0, "name": "fusion.1",
+          "args": {"hlo_op": "fusion.1"}}]
+  runtime = [{"ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0, "name": "Execute"},
+             {"ph": "X", "pid": 1, "tid": 1, "ts": 5.0, "dur": None, "name": "bad"},
+             {"ph": "X", "pid": 1, "tid": 1, "ts": "x", "dur": 1.0, "name": "bad"}]
+  events = ops + runtime
+  device = profile_summary.device_events(events)
+  assert [e["name"] for e in device] == ["fusion.1"]
+  h = profile_summary.host_time(events, device)
+  assert [k["name"] for k in h["top"]] == ["Execute"]
+  assert h["lead_ms"] == pytest.approx(0.01)
