@@ -297,35 +297,41 @@ def summarize(path: str, top: int = 15) -> dict:
            for k, v in kernels])
 
 
+def _print_table(columns: list, rows) -> None:
+  """A markdown table: ``columns`` names, each row a list of cell strings."""
+  print("| " + " | ".join(columns) + " |")
+  print("|" + "---|" * len(columns))
+  for row in rows:
+    print("| " + " | ".join(row) + " |")
+
+
 def print_summary(summary: dict, title: str = "") -> None:
   print(f"\n{title}device time {summary['total_ms']:.2f} ms (sum of kernel durations)")
-  print("| category | ms | kernels |")
-  print("|---|---|---|")
-  for cat, v in summary["categories"].items():
-    print(f"| {cat} | {v['ms']:.2f} | {v['count']} |")
-  print("\n| kernel | category | ms | count |")
-  print("|---|---|---|---|")
-  for k in summary["top"]:
-    print(f"| {k['name'][:90]} | {k['category']} | {k['ms']:.3f} | {k['count']} |")
+  _print_table(["category", "ms", "kernels"],
+               ([c, f"{v['ms']:.2f}", str(v["count"])]
+                for c, v in summary["categories"].items()))
+  print()
+  _print_table(["kernel", "category", "ms", "count"],
+               ([k["name"][:90], k["category"], f"{k['ms']:.3f}", str(k["count"])]
+                for k in summary["top"]))
   idle = summary.get("idle")
   if idle:
     print(f"\nfirst start to last end {idle['span_ms']:.2f} ms: busy "
           f"{idle['busy_ms']:.2f} ms, idle {idle['idle_ms']:.2f} ms (no kernel running)")
-    print("| idle before this kernel | ms | gaps | idle after this kernel | ms | gaps |")
-    print("|---|---|---|---|---|---|")
-    cells = lambda ks: [f"{k['name'][:60]} | {k['ms']:.3f} | {k['count']}"  # noqa: E731
+    cells = lambda ks: [[k["name"][:60], f"{k['ms']:.3f}", str(k["count"])]  # noqa: E731
                         for k in ks]
-    for a, b in itertools.zip_longest(cells(idle["after"]), cells(idle["before"]),
-                                      fillvalue=" |  | "):  # a blank row's cells
-      print(f"| {a} | {b} |")
+    _print_table(["idle before this kernel", "ms", "gaps",
+                  "idle after this kernel", "ms", "gaps"],
+                 (a + b for a, b in itertools.zip_longest(
+                     cells(idle["after"]), cells(idle["before"]),
+                     fillvalue=["", "", ""])))  # a blank row's cells
   host = summary.get("host")
   if host:
     print(f"\nhost: first start to last end {host['span_ms']:.2f} ms; the device's "
           f"first kernel {host['lead_ms']:.2f} ms after the host's first event")
-    print("| host event (inclusive) | ms | count |")
-    print("|---|---|---|")
-    for k in host["top"]:
-      print(f"| {k['name'][:90]} | {k['ms']:.3f} | {k['count']} |")
+    _print_table(["host event (inclusive)", "ms", "count"],
+                 ([k["name"][:90], f"{k['ms']:.3f}", str(k["count"])]
+                  for k in host["top"]))
 
 
 def main(argv=None):
