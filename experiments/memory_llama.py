@@ -257,7 +257,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
             logits_dtype: str = "float32", implementation: str = "auto",
             embedding: str = "fused", profile: bool = False,
-            layers: int = 0, movement: bool = False) -> dict:
+            layers: int = 0, movement: bool = False,
+            pipelined: int = 4) -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   ``layers`` > 0 builds the preset with that many blocks (every width, the
@@ -271,6 +272,14 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   keyed as :func:`layer_leaves`; the initial params are copied to the host
   first), which such variants share up to rounding: an update applied
   twice, or lost, shows there.
+
+  ``step_s`` is the median of steps each waited for (the host dispatches
+  step k+1 after step k's loss is back, so the host's work before a step's
+  first kernel, such as updating the step's CUDA graph, is in it).
+  ``pipelined`` > 0 then runs that many more steps dispatched back to back,
+  as a training loop that does not read each loss does, and waits once at
+  the end: ``pipelined_step_s`` is their mean (the host's work for step
+  k+1 overlaps step k on the device).
 
   With ``tp > 1`` the projections are split over ``tp`` devices (Megatron
   tensor parallelism, ``LlamaConfig.tensor_parallel_axis``): the model is
@@ -380,6 +389,15 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
         final[k].astype(np.float32) - initial[k].astype(np.float32))))
         for k in initial}
     del final
+  if pipelined:  # after the movement, before a profiled step
+    with in_mesh():
+      t0 = time.perf_counter()
+      for _ in range(pipelined):
+        state, m = step(state, batch)
+      jax.block_until_ready((state, m))
+    extra["pipelined_step_s"] = (time.perf_counter() - t0) / pipelined
+    if not np.isfinite(float(m["loss"])):
+      raise FloatingPointError(f"loss {float(m['loss'])} in a pipelined step")
   if profile:  # one more step under the profiler: device time by kernel kind
     trace_dir = tempfile.mkdtemp(prefix="forge_jax_trace_")
     try:
@@ -559,24 +577,26 @@ def print_table(rows: list[dict]) -> None:
   print(f"\n{', '.join(models)}: batch 1 × T tokens, bf16 params and compute")
   print("| model | TP | T | optimizer | layout | args GiB | temp GiB | alias GiB | live peak GiB | "
         "params GiB | opt state GiB | peak - args GiB | init peak GiB | "
-        "step ms | tokens/s | init / lower / compile s |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "step ms | step ms, pipelined | tokens/s | init / lower / compile s |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     layout = _layout_label(r)
     if "error" in r:
       print(f"| {_model_label(r)} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
-            f"{layout} | {r['error']} | | | | | | | | | | |")
+            f"{layout} | {r['error']} | | | | | | | | | | | |")
       continue
     g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
     # What the peak holds besides the step's arguments (this device's
     # weights, optimizer state and batch): activations and temporaries.
     rest = ("n/a" if r.get("peak_bytes") is None else
             f"{(r['peak_bytes'] - r['argument_size_in_bytes']) / GiB:.2f}")
+    pipe = (f"{r['pipelined_step_s'] * 1e3:.1f}" if r.get("pipelined_step_s")
+            else "n/a")  # rows before stop 31, or --pipelined 0
     print(f"| {_model_label(r)} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | {layout} | "
           f"{g('argument_size_in_bytes')} | {g('temp_size_in_bytes')} | "
           f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
           f"{g('optimizer_state_bytes')} | {rest} | {g('init_peak_bytes')} | "
-          f"{r['step_s'] * 1e3:.1f} | "
+          f"{r['step_s'] * 1e3:.1f} | {pipe} | "
           f"{r['tokens_per_s']:,.0f} | {_phase_seconds(r)} |")
 
 
@@ -643,6 +663,10 @@ def main(argv=None):
                  "time by kind of kernel (experiments/profile_summary) to the "
                  "row; printed per variant after the table (the trace itself "
                  "is deleted: take your own with jax.profiler.trace to keep one)")
+  p.add_argument("--pipelined", type=int, default=4,
+                 help="after the timed steps, run this many more dispatched back "
+                 "to back (no wait for each loss) and report their mean as "
+                 "'step ms, pipelined' (0: none)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results",
                  help="directory for the JSON and peak reports")
@@ -653,6 +677,8 @@ def main(argv=None):
   a = p.parse_args(argv)
   if a.layers < 0:
     p.error(f"--layers={a.layers} must be >= 0 (0: all of the model's blocks)")
+  if a.pipelined < 0:
+    p.error(f"--pipelined={a.pipelined} must be >= 0 (0: no pipelined steps)")
   if a.table_from:
     rows = [r for path in a.table_from
             for r in _runs.read_json_or_log(path, '{"model"')]
@@ -666,7 +692,8 @@ def main(argv=None):
     print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
                                          a.tp, a.attention, a.logits_dtype,
                                          a.implementation, a.embedding,
-                                         a.profile, a.layers, a.movement)))
+                                         a.profile, a.layers, a.movement,
+                                         a.pipelined)))
     return None
   rows = []
   stamp = int(time.time())  # names this run's files
@@ -680,7 +707,7 @@ def main(argv=None):
                a.model, "--steps", str(a.steps), "--tp", str(a.tp),
                "--attention", a.attention, "--logits-dtype", a.logits_dtype,
                "--implementation", a.implementation, "--embedding", a.embedding,
-               "--layers", str(a.layers),
+               "--layers", str(a.layers), "--pipelined", str(a.pipelined),
                *(["--movement"] if a.movement else []),
                "--one", f"{t}:{opt}:{layout}"] + (["--profile"] if a.profile else [])
         variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,

@@ -24,6 +24,7 @@ def test_variants_run_and_report_memory_and_state(capsys, full_rows):
   for row in (optax_row, int8_row):
     assert row["temp_size_in_bytes"] > 0 and row["argument_size_in_bytes"] > 0
     assert row["step_s"] > 0 and row["loss"] == row["loss"]  # finite, not NaN
+    assert row["pipelined_step_s"] > 0  # 4 more steps, dispatched back to back
     assert all(row[k] > 0 for k in ("init_s", "lower_s", "compile_s"))
   # bf16 Adam moments: 2 bytes x 2 per param; int8 folded (l=3) moments for the
   # projections and int8 for the rest: well under a quarter of that.
@@ -166,6 +167,8 @@ def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys, full_rows):
   assert "update unfused in the backward" in memory_llama._layout_label(rows[0])
   with pytest.raises(SystemExit):  # refused before any variant starts
     memory_llama.main(["--model", "cpu-tiny", "--layers", "-1"])
+  with pytest.raises(SystemExit):
+    memory_llama.main(["--model", "cpu-tiny", "--pipelined", "-1"])
   for bad in (-1, 99):
     with pytest.raises(ValueError, match=f"layers={bad} must be in \\[0, "):
       memory_llama.run_one("cpu-tiny", 16, "forge-int8", "unrolled", layers=bad)

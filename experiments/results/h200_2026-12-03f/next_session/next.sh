@@ -3,7 +3,8 @@
 # Stop 31 saw the unrolled forge-bf16 step's temp fall from 1.54 to 1.10 GiB with command
 # buffers off (same code, same call). Does the same hold for int8 moments, scanned and
 # unrolled (the scanned int8 temp goal: within 10% of unrolled), and what do both optimizers'
-# steps take then?
+# steps take then? Every row also gives "step ms, pipelined" (memory_llama --pipelined, default 4:
+# steps dispatched back to back, as a loop that does not wait for each loss).
 source devrun/env.sh
 export PYTHONPATH=. XLA_FLAGS=--xla_gpu_enable_command_buffer=
 A="--model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --implementation auto --tokens 2048 --steps 4 --out $OUT"
