@@ -286,6 +286,9 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   initialized directly into its shards and the step runs under
   ``jax.set_mesh``; the peak reported is the largest over the devices.
   """
+  if not isinstance(pipelined, int) or pipelined < 0:
+    raise ValueError(f"pipelined={pipelined!r} must be an int >= 0 (0: no "
+                     "pipelined steps)")
   t_phase = time.perf_counter()  # "init" counts the imports below too
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np

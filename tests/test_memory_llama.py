@@ -169,6 +169,8 @@ def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys, full_rows):
     memory_llama.main(["--model", "cpu-tiny", "--layers", "-1"])
   with pytest.raises(SystemExit):
     memory_llama.main(["--model", "cpu-tiny", "--pipelined", "-1"])
+  with pytest.raises(ValueError, match="pipelined=-1 must be an int >= 0"):
+    memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", pipelined=-1)
   for bad in (-1, 99):
     with pytest.raises(ValueError, match=f"layers={bad} must be in \\[0, "):
       memory_llama.run_one("cpu-tiny", 16, "forge-int8", "unrolled", layers=bad)
