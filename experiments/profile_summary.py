@@ -79,6 +79,20 @@ def find_trace(path: str) -> str:
   return max(found, key=os.path.getmtime)
 
 
+def _gpu_pids(events: list) -> set:
+  """The pids of the trace's ``/device:GPU`` processes."""
+  return {e["pid"] for e in events if e.get("ph") == "M"
+          and e.get("name") == "process_name"
+          and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
+
+
+def _ranked(table: dict, top: int) -> list:
+  """``{name: [ms, count]}`` as ``[{"name", "ms", "count"}]``, the ``top``
+  names by time."""
+  return [dict(name=k, ms=v[0], count=v[1]) for k, v in
+          sorted(table.items(), key=lambda kv: -kv[1][0])[:top]]
+
+
 def device_events(events: list) -> list:
   """The device's complete events: the kernels on the streams of the
   ``/device:GPU`` processes when the trace has any (not the "XLA Ops" /
@@ -86,8 +100,7 @@ def device_events(events: list) -> list:
   twice; without thread names, every line but those), else the host events
   that ran an XLA op."""
   meta = [e for e in events if e.get("ph") == "M"]
-  gpu = {e["pid"] for e in meta if e.get("name") == "process_name"
-         and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
+  gpu = _gpu_pids(meta)
   done = [e for e in events if e.get("ph") == "X" and "dur" in e]
   if not gpu:  # the host's XLA ops, less the control flow that encloses others
     return [e for e in done if "hlo_op" in e.get("args", {})
@@ -129,14 +142,9 @@ def idle_time(events: list, top: int = 8) -> dict:
       busy += stop - end
       end, last = stop, name
   span = (end - timed[0][0]) if timed else 0.0
-
-  def ranked(table):
-    return [dict(name=k, ms=v[0], count=v[1]) for k, v in
-            sorted(table.items(), key=lambda kv: -kv[1][0])[:top]]
-
   return dict(span_ms=span / 1e3, busy_ms=busy / 1e3,
-              idle_ms=(span - busy) / 1e3, after=ranked(after),
-              before=ranked(before))
+              idle_ms=(span - busy) / 1e3, after=_ranked(after, top),
+              before=_ranked(before, top))
 
 
 def host_time(events: list, device: list, top: int = 12) -> dict:
@@ -157,9 +165,7 @@ def host_time(events: list, device: list, top: int = 12) -> dict:
   events end long before the device's.) Empty (``{}``) without host or
   device events.
   """
-  gpu = {e["pid"] for e in events if e.get("ph") == "M"
-         and e.get("name") == "process_name"
-         and str(e.get("args", {}).get("name", "")).startswith("/device:GPU")}
+  gpu = _gpu_pids(events)
   on_device = {id(e) for e in device}  # off the GPU: the host's XLA ops
 
   def timed(e):
@@ -175,14 +181,14 @@ def host_time(events: list, device: list, top: int = 12) -> dict:
     return {}
   by_name = collections.defaultdict(lambda: [0.0, 0])
   for e in host:
-    by_name[str(e.get("name", ""))][0] += float(e["dur"]) / 1e3
-    by_name[str(e.get("name", ""))][1] += 1
+    entry = by_name[str(e.get("name", ""))]
+    entry[0] += float(e["dur"]) / 1e3
+    entry[1] += 1
   h0 = min(float(e["ts"]) for e in host)
   h1 = max(float(e["ts"]) + float(e["dur"]) for e in host)
   d0 = min(float(e["ts"]) for e in dev)
   return dict(span_ms=(h1 - h0) / 1e3, lead_ms=(d0 - h0) / 1e3,
-              top=[dict(name=k, ms=v[0], count=v[1]) for k, v in
-                   sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
+              top=_ranked(by_name, top))
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
@@ -237,14 +243,15 @@ def hlo_summary(text: str) -> dict:
       comps[current].append(line)
 
   def called(line):
-    return [n.lstrip("%") for _, v in _CALLED.findall(line)
-            for n in v.strip("{}").split(",") if n.strip()]
+    return [n.strip() for n in (n.lstrip("%") for _, v in _CALLED.findall(line)
+                                for n in v.strip("{}").split(","))
+            if n.strip()]
 
-  edges = {c: [n.strip() for line in lines for n in called(line)]
-           for c, lines in comps.items()}
-  fusion_edges = {c: [n.strip() for line in lines if _FUSION.search(line)
-                      for n in called(line)] for c, lines in comps.items()}
-  bodies = _closure([n for v in fusion_edges.values() for n in v], edges)
+  callees = {c: [called(line) for line in lines] for c, lines in comps.items()}
+  edges = {c: [n for ns in cs for n in ns] for c, cs in callees.items()}
+  bodies = _closure([n for c, lines in comps.items()
+                     for line, ns in zip(lines, callees[c])
+                     if _FUSION.search(line) for n in ns], edges)
   inside = _closure([c for c in comps if c.startswith("command_buffer")], edges)
   calls = 0
   fusions = [0, 0]
@@ -253,8 +260,8 @@ def hlo_summary(text: str) -> dict:
     if c in bodies:
       continue
     k = 0 if c in inside else 1
-    for line in comps[c]:
-      calls += sum(n.startswith("command_buffer") for n in called(line))
+    for line, ns in zip(comps[c], callees[c]):
+      calls += sum(n.startswith("command_buffer") for n in ns)
       m = _TARGET.search(line)
       if m and _CUSTOM_CALL.search(line):
         custom[m.group(1)][k] += 1
@@ -286,15 +293,13 @@ def summarize(path: str, top: int = 15) -> dict:
     for table, key in ((by_cat, category(name)), (by_name, name)):
       table[key][0] += ms
       table[key][1] += 1
-  kernels = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
   return dict(
       idle=idle_time(device, top),
       host=host_time(events, device, top),
       total_ms=sum(v[0] for v in by_cat.values()),
       categories={k: dict(ms=v[0], count=v[1])
                   for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1][0])},
-      top=[dict(name=k, category=category(k), ms=v[0], count=v[1])
-           for k, v in kernels])
+      top=[dict(k, category=category(k["name"])) for k in _ranked(by_name, top)])
 
 
 def _print_table(columns: list, rows) -> None:
