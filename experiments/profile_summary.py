@@ -243,9 +243,8 @@ def hlo_summary(text: str) -> dict:
       comps[current].append(line)
 
   def called(line):
-    return [n.strip() for n in (n.lstrip("%") for _, v in _CALLED.findall(line)
-                                for n in v.strip("{}").split(","))
-            if n.strip()]
+    return [n.strip().lstrip("%") for _, v in _CALLED.findall(line)
+            for n in v.strip("{}").split(",") if n.strip()]
 
   callees = {c: [called(line) for line in lines] for c, lines in comps.items()}
   edges = {c: [n for ns in cs for n in ns] for c, cs in callees.items()}

@@ -249,3 +249,27 @@ def test_host_time_leaves_out_the_device_events_and_untimed_ones():
   h = profile_summary.host_time(events, device)
   assert [k["name"] for k in h["top"]] == ["Execute"]
   assert h["lead_ms"] == pytest.approx(0.01)
+
+
+def test_hlo_summary_follows_every_branch_of_a_conditional():
+  """``branch_computations={%a, %b}``: the second name, after a space, is a
+  computation too (it kept its '%' and was missed before stop 31's read)."""
+  text = """HloModule m
+
+%a (p: f32[8]) -> f32[8] {
+  ROOT %f = f32[8]{0} fusion(f32[8]{0} %p), kind=kLoop, calls=%fa
+}
+
+%b (p: f32[8]) -> f32[8] {
+  ROOT %g = f32[8]{0} fusion(f32[8]{0} %p), kind=kLoop, calls=%fb
+}
+
+%command_buffer (i: s32[], p: f32[8]) -> f32[8] {
+  ROOT %c = f32[8]{0} conditional(s32[] %i, f32[8]{0} %p, f32[8]{0} %p), branch_computations={%a, %b}
+}
+
+ENTRY %main (i: s32[], p: f32[8]) -> f32[8] {
+  ROOT %r = f32[8]{0} call(s32[] %i, f32[8]{0} %p), to_apply=%command_buffer
+}
+"""
+  assert profile_summary.hlo_summary(text)["fusions"] == [2, 0]
