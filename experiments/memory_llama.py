@@ -51,6 +51,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import shutil
@@ -258,7 +259,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             logits_dtype: str = "float32", implementation: str = "auto",
             embedding: str = "fused", profile: bool = False,
             layers: int = 0, movement: bool = False,
-            pipelined: int = 4) -> dict:
+            pipelined: int = 4, compiler_options: str = "") -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   ``layers`` > 0 builds the preset with that many blocks (every width, the
@@ -285,10 +286,16 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   tensor parallelism, ``LlamaConfig.tensor_parallel_axis``): the model is
   initialized directly into its shards and the step runs under
   ``jax.set_mesh``; the peak reported is the largest over the devices.
+
+  ``compiler_options``: XLA options for compiling the step, both optimizers
+  alike (:func:`parse_compiler_options`; '' for none), e.g.
+  ``'xla_gpu_enable_command_buffer='``: ``jax.jit``'s
+  ``compiler_options``, as ``fj.make_train_step`` passes them on.
   """
   if not isinstance(pipelined, int) or pipelined < 0:
     raise ValueError(f"pipelined={pipelined!r} must be an int >= 0 (0: no "
                      "pipelined steps)")
+  xla_options = parse_compiler_options(compiler_options)
   t_phase = time.perf_counter()  # "init" counts the imports below too
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np
@@ -344,7 +351,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
 
   if optimizer == "optax":
-    @functools.partial(jax.jit, donate_argnums=(0,))
+    @functools.partial(jax.jit, donate_argnums=(0,),
+                       compiler_options=xla_options or None)
     def step(state, b):
       loss, grads = jax.value_and_grad(
           lambda p: loss_fn({"params": p}, b))(state.params)
@@ -355,7 +363,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     lowered = step.lower(state, batch)
   else:
     step = fj.make_train_step(loss_fn, check_backward=False,
-                              implementation=implementation)
+                              implementation=implementation,
+                              compiler_options=xla_options)
     with in_mesh():
       lowered = step.lower(state, batch)
   phase("lower")
@@ -384,6 +393,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   # Peak and loss as of the timed steps (the profiled one comes after).
   peak, loss = peak_bytes(), losses[-1]
   extra = dict(init_how, hlo=hlo)
+  if xla_options:
+    extra["compiler_options"] = compiler_options
   if layers:
     extra["n_layers"] = layers
   if movement:  # after the timed steps, before a profiled one
@@ -427,6 +438,24 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               init_peak_bytes=init_peak,
               device=jax.devices()[0].device_kind, jax=jax.__version__,
               **extra)
+
+
+def parse_compiler_options(text: str) -> dict:
+  """'name=value,name=value' as ``jax.jit``'s ``compiler_options``: 'true'
+  and 'false' become bools, other values stay strings (XLA parses them; an
+  empty value clears a list option, e.g. 'xla_gpu_enable_command_buffer=').
+
+  Raises:
+    ValueError: for an item without '=' or with an empty name.
+  """
+  out = {}
+  for item in filter(None, (x.strip() for x in text.split(","))):
+    name, eq, value = item.partition("=")
+    if not eq or not name.strip():
+      raise ValueError(f"compiler options {text!r}: {item!r} is not name=value")
+    out[name.strip()] = {"true": True, "false": False}.get(value.strip().lower(),
+                                                          value.strip())
+  return out
 
 
 def layer_leaves(params) -> dict:
@@ -567,6 +596,8 @@ def _layout_label(row: dict) -> str:
     label += f", {row['implementation']} kernel"
   if row.get("fused_embedding"):  # since stop 19
     label += ", ForgeEmbed"
+  if row.get("compiler_options"):  # since stop 32
+    label += f", XLA {row['compiler_options']}"
   return label
 
 
@@ -670,6 +701,11 @@ def main(argv=None):
                  help="after the timed steps, run this many more dispatched back "
                  "to back (no wait for each loss) and report their mean as "
                  "'step ms, pipelined' (0: none)")
+  p.add_argument("--compiler-options", action="append", metavar="NAME=VALUE,...",
+                 help="XLA options for compiling the step (jax.jit's "
+                 "compiler_options, both optimizers alike), e.g. "
+                 "'xla_gpu_enable_command_buffer='; repeat the flag to run "
+                 "every variant under each set ('' for XLA's defaults)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results",
                  help="directory for the JSON and peak reports")
@@ -682,6 +718,12 @@ def main(argv=None):
     p.error(f"--layers={a.layers} must be >= 0 (0: all of the model's blocks)")
   if a.pipelined < 0:
     p.error(f"--pipelined={a.pipelined} must be >= 0 (0: no pipelined steps)")
+  option_sets = a.compiler_options or [""]
+  for text in option_sets:
+    try:
+      parse_compiler_options(text)
+    except ValueError as e:
+      p.error(f"--compiler-options: {e}")
   if a.table_from:
     rows = [r for path in a.table_from
             for r in _runs.read_json_or_log(path, '{"model"')]
@@ -696,57 +738,59 @@ def main(argv=None):
                                          a.tp, a.attention, a.logits_dtype,
                                          a.implementation, a.embedding,
                                          a.profile, a.layers, a.movement,
-                                         a.pipelined)))
+                                         a.pipelined, option_sets[0])))
     return None
   rows = []
   stamp = int(time.time())  # names this run's files
-  for t in [int(v) for v in a.tokens.split(",")]:
-    for opt in a.optimizers.split(","):
-      for layout in a.layouts.split(","):
-        if opt not in OPTIMIZERS or layout not in LAYOUTS:
-          raise SystemExit(f"unknown variant {opt}/{layout}; optimizers "
-                           f"{OPTIMIZERS}, layouts {LAYOUTS}")
-        cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
-               a.model, "--steps", str(a.steps), "--tp", str(a.tp),
-               "--attention", a.attention, "--logits-dtype", a.logits_dtype,
-               "--implementation", a.implementation, "--embedding", a.embedding,
-               "--layers", str(a.layers), "--pipelined", str(a.pipelined),
-               *(["--movement"] if a.movement else []),
-               "--one", f"{t}:{opt}:{layout}"] + (["--profile"] if a.profile else [])
-        variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
-                       **({"n_layers": a.layers} if a.layers else {}),
-                       tp=a.tp, attention=a.attention,
-                       logits_dtype=a.logits_dtype,
-                       implementation=None if opt == "optax" else a.implementation)
-        env = child_env()
-        dump = None
-        if a.peak_report:
-          dump = tempfile.mkdtemp(prefix="forge_jax_dump_")
-          env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
-                              " --xla_dump_hlo_module_re=jit_step").strip()
-          # A step read from JAX's persistent cache is not compiled: no dump.
-          env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-        try:
-          proc = subprocess.run(cmd, capture_output=True, text=True,
-                                timeout=a.timeout, env=env)
-          line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-          # The exception's own line, not jax's traceback-filtering note.
-          err = [x for x in proc.stderr.strip().splitlines()
-                 if "Error" in x.split(":")[0] or "Exception" in x.split(":")[0]]
-          row = (json.loads(line[-1][7:]) if line else dict(
-              variant, error=crash_error(
-                  (err or proc.stderr.strip().splitlines() or ["?"])[-1][:300],
-                  proc.stdout)))
-        except subprocess.TimeoutExpired as e:
-          row = dict(variant, error=timeout_error(a.timeout, e.stdout))
-        if dump is not None:
-          if "error" not in row:
-            name = f"{opt}_{layout}".replace("+", "-")  # a plain file name
-            row["peak_live"] = write_peak_report(dump, os.path.join(
-                a.out, f"peak_{a.model}_{stamp}_{len(rows)}_T{t}_{name}.txt"))
-          shutil.rmtree(dump, ignore_errors=True)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+  for t, opt, layout, options in itertools.product(
+      [int(v) for v in a.tokens.split(",")], a.optimizers.split(","),
+      a.layouts.split(","), option_sets):
+    if opt not in OPTIMIZERS or layout not in LAYOUTS:
+      raise SystemExit(f"unknown variant {opt}/{layout}; optimizers "
+                       f"{OPTIMIZERS}, layouts {LAYOUTS}")
+    cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
+           a.model, "--steps", str(a.steps), "--tp", str(a.tp),
+           "--attention", a.attention, "--logits-dtype", a.logits_dtype,
+           "--implementation", a.implementation, "--embedding", a.embedding,
+           "--layers", str(a.layers), "--pipelined", str(a.pipelined),
+           "--compiler-options", options,
+           *(["--movement"] if a.movement else []),
+           "--one", f"{t}:{opt}:{layout}"] + (["--profile"] if a.profile else [])
+    variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
+                   **({"n_layers": a.layers} if a.layers else {}),
+                   tp=a.tp, attention=a.attention,
+                   logits_dtype=a.logits_dtype,
+                   implementation=None if opt == "optax" else a.implementation,
+                   **({"compiler_options": options} if options else {}))
+    env = child_env()
+    dump = None
+    if a.peak_report:
+      dump = tempfile.mkdtemp(prefix="forge_jax_dump_")
+      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
+                          " --xla_dump_hlo_module_re=jit_step").strip()
+      # A step read from JAX's persistent cache is not compiled: no dump.
+      env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    try:
+      proc = subprocess.run(cmd, capture_output=True, text=True,
+                            timeout=a.timeout, env=env)
+      line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+      # The exception's own line, not jax's traceback-filtering note.
+      err = [x for x in proc.stderr.strip().splitlines()
+             if "Error" in x.split(":")[0] or "Exception" in x.split(":")[0]]
+      row = (json.loads(line[-1][7:]) if line else dict(
+          variant, error=crash_error(
+              (err or proc.stderr.strip().splitlines() or ["?"])[-1][:300],
+              proc.stdout)))
+    except subprocess.TimeoutExpired as e:
+      row = dict(variant, error=timeout_error(a.timeout, e.stdout))
+    if dump is not None:
+      if "error" not in row:
+        name = f"{opt}_{layout}".replace("+", "-")  # a plain file name
+        row["peak_live"] = write_peak_report(dump, os.path.join(
+            a.out, f"peak_{a.model}_{stamp}_{len(rows)}_T{t}_{name}.txt"))
+      shutil.rmtree(dump, ignore_errors=True)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
   print_table(rows)
   print_losses(rows)
   print_movements(rows)

@@ -659,6 +659,32 @@ def test_audit_prints_each_layers_distance_from_the_reference(rng, capfd):
     jax.eval_shape(lambda s: fj.fused_step(s, x, loss, audit=1), state)
 
 
+def test_compiler_options_reach_the_step_and_bad_ones_are_refused(rng):
+  model = fj.ForgeDense(8, optimizer=fj.adamw(1e-2))
+  x = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
+  v = model.init(jax.random.key(0), x)
+  loss = lambda vs, b: jnp.mean(model.apply(vs, b) ** 2)  # noqa: E731
+  for bad in (["xla_gpu_enable_command_buffer"], {1: True}, "x=1"):
+    with pytest.raises(ValueError, match="compiler_options must be None or a dict"):
+      fj.make_train_step(loss, compiler_options=bad)
+  # The options are XLA's own: a value XLA cannot parse fails at compile time,
+  # which shows they reach the step's compilation (not only the default jit).
+  step = fj.make_train_step(
+      loss, compiler_options={"xla_gpu_enable_dynamic_slice_fusion": "maybe"})
+  state = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v),
+                               tx=optax.sgd(0.1))
+  with pytest.raises(Exception, match="xla_gpu_enable_dynamic_slice_fusion"):
+    step.lower(state, x).compile()
+  # Valid options (GPU ones are accepted and unused on the CPU) train alike.
+  new = {}
+  for opts in (None, {"xla_gpu_enable_command_buffer": ""}):
+    state = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v),
+                                 tx=optax.sgd(0.1))
+    new[opts is None] = fj.make_train_step(loss, compiler_options=opts)(state, x)[0]
+  np.testing.assert_array_equal(new[True].params["kernel"], new[False].params["kernel"])
+  assert not np.array_equal(new[True].params["kernel"], v["params"]["kernel"])
+
+
 def test_user_mistakes_get_errors_that_name_what_to_pass(rng):
   # Found by the fresh-user trial (stop 29): each mistake is named, before
   # anything runs where it can be.

@@ -169,6 +169,8 @@ def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys, full_rows):
     memory_llama.main(["--model", "cpu-tiny", "--layers", "-1"])
   with pytest.raises(SystemExit):
     memory_llama.main(["--model", "cpu-tiny", "--pipelined", "-1"])
+  with pytest.raises(SystemExit):
+    memory_llama.main(["--model", "cpu-tiny", "--compiler-options", "novalue"])
   with pytest.raises(ValueError, match="pipelined=-1 must be an int >= 0"):
     memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", pipelined=-1)
   for bad in (-1, 99):
@@ -235,3 +237,17 @@ def test_unrolled_init_frees_each_stack_before_putting_its_layers(monkeypatch):
   n_stacks = len(jax.tree.leaves(got["params"]["layers_0"]))
   assert len(fetched) == n_stacks and len(puts) == n_stacks * cfg.n_layers
   assert all(puts)
+
+
+def test_compiler_options_are_parsed_as_jax_jit_takes_them():
+  parse = memory_llama.parse_compiler_options
+  assert parse("") == {}
+  assert parse("xla_gpu_enable_command_buffer=, a=TRUE,b=false,c=SKIP_TEMP") == {
+      "xla_gpu_enable_command_buffer": "", "a": True, "b": False, "c": "SKIP_TEMP"}
+  for bad in ("novalue", "=1", "a=1,b"):
+    with pytest.raises(ValueError, match="is not name=value"):
+      parse(bad)
+  row = dict(layout="unrolled", compiler_options="xla_gpu_enable_command_buffer=")
+  assert memory_llama._layout_label(row) == (
+      "unrolled, XLA xla_gpu_enable_command_buffer=")
+

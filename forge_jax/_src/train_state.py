@@ -488,6 +488,7 @@ def make_train_step(
     donate: bool = True,
     check_backward: bool = True,
     order_updates: bool | None = None,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> FusedTrainStep:
   """``jax.jit`` of :func:`fused_step` with the state donated.
 
@@ -502,12 +503,24 @@ def make_train_step(
   vmap of yours, the step runs with ``order_updates=False`` and
   ``in_place=False`` (the caller's loop may slice the state from a stack).
 
+  ``compiler_options``: XLA options for compiling this step only, as
+  ``jax.jit``'s (a dict of XLA debug-option names to values, e.g.
+  ``{"xla_gpu_enable_command_buffer": ""}``); None or empty: XLA's defaults.
+
   Raises:
-    ValueError: if ``loss_fn`` is not callable or ``order_updates`` is not
-      None, True or False. The step raises TypeError when called on
-      anything but a :class:`TrainState`.
+    ValueError: if ``loss_fn`` is not callable, ``order_updates`` is not
+      None, True or False, or ``compiler_options`` is not a mapping from
+      option names (str) to values. The step raises TypeError when called
+      on anything but a :class:`TrainState`.
   """
   _check_order_updates(order_updates)
+  if compiler_options is not None and (
+      not isinstance(compiler_options, Mapping)
+      or not all(isinstance(k, str) for k in compiler_options)):
+    raise ValueError("compiler_options must be None or a dict from XLA option "
+                     f"names (str) to values, got {compiler_options!r}")
+  jit = functools.partial(jax.jit, compiler_options=dict(compiler_options or {})
+                          or None)
   if not callable(loss_fn):
     raise ValueError(f"loss_fn must be a function (variables, batch) -> scalar "
                      f"loss, got {type(loss_fn).__name__}")
@@ -518,7 +531,7 @@ def make_train_step(
                       in_place=in_place)
   donate_argnums = (0,) if donate else ()
   return FusedTrainStep(
-      jax.jit(step, donate_argnums=donate_argnums),
+      jit(step, donate_argnums=donate_argnums),
       check_backward,
-      jax.jit(functools.partial(step, order_updates=False, in_place=False),
-              donate_argnums=donate_argnums))
+      jit(functools.partial(step, order_updates=False, in_place=False),
+          donate_argnums=donate_argnums))
