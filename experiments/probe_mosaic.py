@@ -49,6 +49,7 @@ CONFIGS = {
     "m128n128t64s3x3e32": C(128, 128, 64, 3, epi_slots=3, epi_n=32),
     "m64n128t64s4x3": C(64, 128, 64, 4, epi_slots=3),
     "m64n128t64s4": C(64, 128, 64, 4),
+    "m64n128t64s4noT": C(64, 128, 64, 4, transpose_x=False),
     "m64n64t64s4": C(64, 64, 64, 4),
     "m128n128t64s3x4a3e32noT": C(128, 128, 64, 3, epi_slots=4, epi_ahead=3,
                                  epi_n=32, transpose_x=False),
@@ -70,11 +71,15 @@ CONFIGS = {
     "PP_m64n128s4": C(64, 128, 64, 4, compute_wgs=2, ping_pong=True),
     "PP_m64n256s3e32": C(64, 256, 64, 3, epi_n=32, compute_wgs=2, ping_pong=True),
     "PP_n128s4e32": C(128, 128, 64, 4, epi_n=32, compute_wgs=2, ping_pong=True),
+    "PP_n128s4e32noT": C(128, 128, 64, 4, epi_n=32, compute_wgs=2,
+                         ping_pong=True, transpose_x=False),
     "PP_n128s4e16x4a3": C(128, 128, 64, 4, epi_n=16, epi_slots=4, epi_ahead=3,
                           compute_wgs=2, ping_pong=True),
     "PP_n128s5e16": C(128, 128, 64, 5, epi_n=16, compute_wgs=2, ping_pong=True),
     "PP_n128s4e64": C(128, 128, 64, 4, compute_wgs=2, ping_pong=True),
     "PP_n128s5e32": C(128, 128, 64, 5, epi_n=32, compute_wgs=2, ping_pong=True),
+    "PP_n128s5e32noT": C(128, 128, 64, 5, epi_n=32, compute_wgs=2,
+                         ping_pong=True, transpose_x=False),
     "PP_n128s4e32x4a3": C(128, 128, 64, 4, epi_n=32, epi_slots=4, epi_ahead=3,
                           compute_wgs=2, ping_pong=True),
     "PP_m64n128s5": C(64, 128, 64, 5, compute_wgs=2, ping_pong=True),
@@ -121,6 +126,9 @@ def main(argv=None):
   p.add_argument("--rule", choices=("adamw", "sgd"), default="adamw",
                  help="the optimizer: sgd has no state, so its kernel is "
                  "nearly the token loop alone (W read and written)")
+  p.add_argument("--no-triton", action="store_true",
+                 help="leave out the Triton kernel (XLA's unfused step and the "
+                 "named Mosaic configurations only)")
   p.add_argument("--interpret", action="store_true",
                  help="interpret mode on the CPU (correctness only; the floor "
                  "and times are meaningless there)")
@@ -188,7 +196,7 @@ def main(argv=None):
       unfused = make_step("xla")
       want = unfused.results(copy, [hp_check, *seeds])
       times = {"xla": unfused.seconds(copy(), [hp, *seeds])}
-      for name, impl, cfg in [("triton", "triton", None)] + [
+      for name, impl, cfg in [("triton", "triton", None)] * (not a.no_triton) + [
           (n, "mosaic", CONFIGS[n]) for n in names]:
         t0 = time.time()
         try:
