@@ -280,9 +280,15 @@ def test_default_config_fits_64_multiples(rng):
   # bf16 W and states from T=2048 on) and there are two tiles per
   # multiprocessor; never in interpret mode or where the tile does not divide.
   pp = lambda c: (c.compute_wgs, c.ping_pong)  # noqa: E731
-  # bf16 ping-pong: 64x32 epilogue sub-tiles from T=2048 on (stop 28).
-  assert MosaicConfig.default(2048, 4096, 14336, narrow=True) == MosaicConfig(
-      max_concurrent_steps=4, epi_n=32, compute_wgs=2, ping_pong=True)
+  # bf16 ping-pong: 64x32 epilogue sub-tiles from T=2048 on (stop 28), x
+  # through the transposed view below T=8192 and transposed by XLA from
+  # there on (stop 32).
+  for t in (2048, 4096):
+    assert MosaicConfig.default(t, 4096, 14336, narrow=True) == MosaicConfig(
+        max_concurrent_steps=4, epi_n=32, compute_wgs=2, ping_pong=True,
+        transpose_x=False)
+  assert MosaicConfig.default(8192, 4096, 14336, narrow=True) == MosaicConfig(
+      max_concurrent_steps=5, epi_n=32, compute_wgs=2, ping_pong=True)
   for t, fp32, bf16, int8 in ((512, 1, 1, 1), (2048, 1, 2, 1), (8192, 2, 2, 2)):
     assert MosaicConfig.default(t, 4096, 14336).compute_wgs == fp32
     assert MosaicConfig.default(t, 4096, 14336, narrow=True).compute_wgs == bf16
