@@ -506,6 +506,10 @@ def make_train_step(
   ``compiler_options``: XLA options for compiling this step only, as
   ``jax.jit``'s (a dict of XLA debug-option names to values, e.g.
   ``{"xla_gpu_enable_command_buffer": ""}``); None or empty: XLA's defaults.
+  XLA parses the values when the step is compiled (its first call, or
+  ``lower(...).compile()``): an unknown name or a bad value raises there.
+  Called inside a jit of yours, the step is part of your computation and
+  your jit's options apply.
 
   Raises:
     ValueError: if ``loss_fn`` is not callable, ``order_updates`` is not
