@@ -444,18 +444,25 @@ def parse_compiler_options(text: str) -> dict:
   """'name=value,name=value' as ``jax.jit``'s ``compiler_options``: 'true'
   and 'false' become bools, other values stay strings (XLA parses them; an
   empty value clears a list option, e.g. 'xla_gpu_enable_command_buffer=').
+  A comma-separated item without '=' continues the value before it, as
+  XLA's list options take them: 'xla_gpu_enable_command_buffer=FUSION,CUBLAS'.
 
   Raises:
-    ValueError: for an item without '=' or with an empty name.
+    ValueError: for a first item without '=', an empty name, or a name
+      given twice.
   """
-  out = {}
-  for item in filter(None, (x.strip() for x in text.split(","))):
+  items = []  # [name, value]
+  for item in (x.strip() for x in text.split(",")):
     name, eq, value = item.partition("=")
-    if not eq or not name.strip():
+    if eq and name.strip():
+      if name.strip() in (n for n, _ in items):
+        raise ValueError(f"compiler options {text!r}: {name.strip()!r} is given twice")
+      items.append([name.strip(), value.strip()])
+    elif eq or (item and not items):
       raise ValueError(f"compiler options {text!r}: {item!r} is not name=value")
-    out[name.strip()] = {"true": True, "false": False}.get(value.strip().lower(),
-                                                          value.strip())
-  return out
+    elif item:  # the next element of the previous option's list
+      items[-1][1] += "," + item
+  return {n: {"true": True, "false": False}.get(v.lower(), v) for n, v in items}
 
 
 def layer_leaves(params) -> dict:
@@ -487,7 +494,7 @@ def print_movements(rows) -> None:
   print("\nmean |new - initial| per param after the steps (× the first "
         "row's where it differs by over 5%):")
   print("| param | " + " | ".join(
-      f"{i + 1}: T={r['tokens']} {r['optimizer']} {r['layout']} "
+      f"{i + 1}: T={r['tokens']} {r['optimizer']} {_layout_label(r)} "
       f"{r.get('implementation') or ''}".strip() for i, r in enumerate(rows)) + " |")
   print("|---|" + "---|" * len(rows))
   for k in keys:
@@ -533,14 +540,14 @@ def print_profiles(rows) -> None:
   for r in rows:
     if "hlo" in r:
       h = r["hlo"]
-      print(f"\n{_model_label(r)} {r['optimizer']} {r['layout']} T={r['tokens']}: "
+      print(f"\n{_model_label(r)} {r['optimizer']} {_layout_label(r)} T={r['tokens']}: "
             f"{h['command_buffers']} calls of command_buffer computations in the HLO; "
             f"fusions inside/outside {h['fusions'][0]}/{h['fusions'][1]}; custom calls "
             "inside/outside " + (", ".join(f"{t} {v[0]}/{v[1]}" for t, v in
                                            h["custom_calls"].items()) or "none"))
     if "profile" in r:
       profile_summary.print_summary(
-          r["profile"], f"{r['optimizer']} {r['layout']} T={r['tokens']}: "
+          r["profile"], f"{r['optimizer']} {_layout_label(r)} T={r['tokens']}: "
           f"step {r['step_s'] * 1e3:.1f} ms wall, ")
 
 
@@ -719,11 +726,14 @@ def main(argv=None):
   if a.pipelined < 0:
     p.error(f"--pipelined={a.pipelined} must be >= 0 (0: no pipelined steps)")
   option_sets = a.compiler_options or [""]
-  for text in option_sets:
+  for i, text in enumerate(option_sets):
     try:
-      parse_compiler_options(text)
+      if not parse_compiler_options(text):
+        option_sets[i] = ""  # e.g. ' , ': XLA's defaults, labelled so
     except ValueError as e:
       p.error(f"--compiler-options: {e}")
+  if a.one and len(option_sets) > 1:
+    p.error("--one runs one variant: give --compiler-options once")
   if a.table_from:
     rows = [r for path in a.table_from
             for r in _runs.read_json_or_log(path, '{"model"')]

@@ -664,7 +664,8 @@ def test_compiler_options_reach_the_step_and_bad_ones_are_refused(rng):
   x = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
   v = model.init(jax.random.key(0), x)
   loss = lambda vs, b: jnp.mean(model.apply(vs, b) ** 2)  # noqa: E731
-  for bad in (["xla_gpu_enable_command_buffer"], {1: True}, "x=1"):
+  for bad in (["xla_gpu_enable_command_buffer"], {1: True}, "x=1", {"a": [1]},
+              {"a": None}):
     with pytest.raises(ValueError, match="compiler_options must be None or a dict"):
       fj.make_train_step(loss, compiler_options=bad)
   # The options are XLA's own: a value XLA cannot parse fails at compile time,
@@ -683,6 +684,14 @@ def test_compiler_options_reach_the_step_and_bad_ones_are_refused(rng):
     new[opts is None] = fj.make_train_step(loss, compiler_options=opts)(state, x)[0]
   np.testing.assert_array_equal(new[True].params["kernel"], new[False].params["kernel"])
   assert not np.array_equal(new[True].params["kernel"], v["params"]["kernel"])
+  # Inside a jit of the caller's the step is part of that computation: JAX
+  # takes compiler options at the top level only, so they are not passed there.
+  step = fj.make_train_step(
+      loss, compiler_options={"xla_gpu_enable_command_buffer": ""})
+  state = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v),
+                               tx=optax.sgd(0.1))
+  inner = jax.jit(lambda st, b: step(st, b)[0])(state, x)
+  np.testing.assert_array_equal(inner.params["kernel"], new[True].params["kernel"])
 
 
 def test_user_mistakes_get_errors_that_name_what_to_pass(rng):

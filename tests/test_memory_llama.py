@@ -244,10 +244,41 @@ def test_compiler_options_are_parsed_as_jax_jit_takes_them():
   assert parse("") == {}
   assert parse("xla_gpu_enable_command_buffer=, a=TRUE,b=false,c=SKIP_TEMP") == {
       "xla_gpu_enable_command_buffer": "", "a": True, "b": False, "c": "SKIP_TEMP"}
-  for bad in ("novalue", "=1", "a=1,b"):
+  # An item without '=' continues the previous value (XLA's list options).
+  assert parse("xla_gpu_enable_command_buffer=FUSION,CUBLAS, b=1") == {
+      "xla_gpu_enable_command_buffer": "FUSION,CUBLAS", "b": "1"}
+  assert parse(" , ") == {}
+  for bad in ("novalue", "=1", "a=1,=2", "novalue,a=1"):
     with pytest.raises(ValueError, match="is not name=value"):
       parse(bad)
+  with pytest.raises(ValueError, match="'a' is given twice"):
+    parse("a=1,a=2")
   row = dict(layout="unrolled", compiler_options="xla_gpu_enable_command_buffer=")
   assert memory_llama._layout_label(row) == (
       "unrolled, XLA xla_gpu_enable_command_buffer=")
+
+
+@pytest.mark.parametrize("optimizer", ["optax", "forge-bf16"])
+def test_compiler_options_reach_both_optimizers_steps(optimizer):
+  # A value XLA refuses fails the variant at compile time: the options reach
+  # the step's jit (optax's own, fj.make_train_step's).
+  with pytest.raises(Exception, match="xla_gpu_enable_dynamic_slice_fusion"):
+    memory_llama.run_one("cpu-tiny", 16, optimizer, "unrolled", steps=1,
+                         layers=1, compiler_options="xla_gpu_enable_dynamic_slice_fusion=maybe")
+
+
+def test_compiler_option_sets_reach_the_variant_processes(tmp_path):
+  # Each set runs as its own child process (--one): the bad set's row fails
+  # naming the option, the good one's row succeeds and records its set.
+  rows = memory_llama.main([
+      "--model", "cpu-tiny", "--tokens", "16", "--optimizers", "optax",
+      "--layouts", "unrolled", "--steps", "1", "--layers", "1", "--pipelined", "0",
+      "--out", str(tmp_path), "--compiler-options", "xla_gpu_enable_command_buffer=",
+      "--compiler-options", "xla_gpu_enable_dynamic_slice_fusion=maybe"])
+  assert [r.get("compiler_options") for r in rows] == [
+      "xla_gpu_enable_command_buffer=", "xla_gpu_enable_dynamic_slice_fusion=maybe"]
+  assert "error" not in rows[0] and "xla_gpu_enable_dynamic_slice_fusion" in rows[1]["error"]
+  with pytest.raises(SystemExit):  # --one runs one variant under one set
+    memory_llama.main(["--model", "cpu-tiny", "--one", "16:optax:unrolled",
+                       "--compiler-options", "", "--compiler-options", "a=1"])
 

@@ -97,7 +97,10 @@ def test_memory_llama_profiles_a_step_on_the_cpu(capsys):
   capsys.readouterr()
   memory_llama.print_profiles([row])
   out = capsys.readouterr().out
-  assert "forge-bf16 unrolled T=16: step" in out and "| category | ms |" in out
+  # Headed by the row's whole layout label (its options among them).
+  assert (f"forge-bf16 {memory_llama._layout_label(row)} T=16: step" in out
+          and "| category | ms |" in out)
+  assert memory_llama._layout_label(row).startswith("unrolled, ")
 
 
 def test_without_stream_names_the_derived_lines_are_left_out(tmp_path):

@@ -506,25 +506,26 @@ def make_train_step(
   ``compiler_options``: XLA options for compiling this step only, as
   ``jax.jit``'s (a dict of XLA debug-option names to values, e.g.
   ``{"xla_gpu_enable_command_buffer": ""}``); None or empty: XLA's defaults.
-  XLA parses the values when the step is compiled (its first call, or
-  ``lower(...).compile()``): an unknown name or a bad value raises there.
-  Called inside a jit of yours, the step is part of your computation and
-  your jit's options apply.
+  Values are str, bool, int or float; XLA parses them when the step is
+  compiled (its first call, or ``lower(...).compile()``): an unknown name
+  or a bad value raises there. Called inside a jit, loop or vmap of yours,
+  the step is part of your computation, compiled with your jit's options
+  (JAX takes compiler options at the top level only).
 
   Raises:
     ValueError: if ``loss_fn`` is not callable, ``order_updates`` is not
       None, True or False, or ``compiler_options`` is not a mapping from
-      option names (str) to values. The step raises TypeError when called
+      option names (str) to str, bool, int or float values. The step raises TypeError when called
       on anything but a :class:`TrainState`.
   """
   _check_order_updates(order_updates)
   if compiler_options is not None and (
       not isinstance(compiler_options, Mapping)
-      or not all(isinstance(k, str) for k in compiler_options)):
+      or not all(isinstance(k, str) and isinstance(v, (str, bool, int, float))
+                 for k, v in compiler_options.items())):
     raise ValueError("compiler_options must be None or a dict from XLA option "
-                     f"names (str) to values, got {compiler_options!r}")
-  jit = functools.partial(jax.jit, compiler_options=dict(compiler_options or {})
-                          or None)
+                     "names (str) to str, bool, int or float values, got "
+                     f"{compiler_options!r}")
   if not callable(loss_fn):
     raise ValueError(f"loss_fn must be a function (variables, batch) -> scalar "
                      f"loss, got {type(loss_fn).__name__}")
@@ -535,7 +536,9 @@ def make_train_step(
                       in_place=in_place)
   donate_argnums = (0,) if donate else ()
   return FusedTrainStep(
-      jit(step, donate_argnums=donate_argnums),
+      jax.jit(step, donate_argnums=donate_argnums,
+              compiler_options=dict(compiler_options or {}) or None),
       check_backward,
-      jit(functools.partial(step, order_updates=False, in_place=False),
-          donate_argnums=donate_argnums))
+      # Inside the caller's trace: JAX refuses compiler options on a nested jit.
+      jax.jit(functools.partial(step, order_updates=False, in_place=False),
+              donate_argnums=donate_argnums))

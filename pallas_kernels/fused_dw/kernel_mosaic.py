@@ -277,13 +277,15 @@ class MosaicConfig:
       14336→4096, 0.180 against 0.191 at 4096→4096; 64×16: 1.109; stop 29,
       AdamW's bias corrections as reciprocals: 0.500 at 4096→14336, against
       0.691 for 64×128 ping-pong tiles), x read through the transposed
-      shared-memory view below T=8192 (stop 32, per op with XLA's transpose
+      shared-memory view below T=4096 (stop 32, per op with XLA's transpose
       of x where there is one, W rounded stochastically, T=2048: 0.491
       against 0.505 ms at 4096→14336, 0.499 and 0.493 against 0.523 and
-      0.533 at 14336→4096 in two runs, 0.160 against 0.178 at 4096→4096),
-      5 stages, 64×32 sub-tiles and x transposed by XLA from T=8192 on
-      (1.406 against 1.556 ms, nearest; the view, stop 32: 1.591 against
-      1.463 at 4096→14336, stochastic rounding);
+      0.533 at 14336→4096 in two runs, 0.160 against 0.178 at 4096→4096;
+      at T=8192 the view was slower, below; T=4096 and 6144 were not
+      measured, so they keep XLA's transpose), 5 stages, 64×32 sub-tiles
+      and x transposed by XLA from T=8192 on (1.406 against 1.556 ms,
+      nearest; the view, stop 32: 1.591 against 1.463 at 4096→14336,
+      stochastic rounding);
     * int8 states from T=8192 on: 64×128 tiles, 5 stages (fp32 W: 1.983
       against 2.204 ms). Not below: at T=512 with bf16 W rounded
       stochastically it took 0.808 against 0.495 ms (with fp32 W, 0.469
@@ -335,7 +337,7 @@ class MosaicConfig:
                    ping_pong=True)
       if narrow and t >= 2048:
         return cls(max_concurrent_steps=4, epi_n=32, compute_wgs=2,
-                   ping_pong=True, transpose_x=False)
+                   ping_pong=True, transpose_x=t >= 4096)
       if not narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=16, compute_wgs=2,
                    ping_pong=True)
