@@ -515,8 +515,8 @@ def make_train_step(
   Raises:
     ValueError: if ``loss_fn`` is not callable, ``order_updates`` is not
       None, True or False, or ``compiler_options`` is not a mapping from
-      option names (str) to str, bool, int or float values. The step raises TypeError when called
-      on anything but a :class:`TrainState`.
+      option names (str) to str, bool, int or float values. The step
+      raises TypeError when called on anything but a :class:`TrainState`.
   """
   _check_order_updates(order_updates)
   if compiler_options is not None and (
