@@ -494,8 +494,8 @@ def print_movements(rows) -> None:
   print("\nmean |new - initial| per param after the steps (× the first "
         "row's where it differs by over 5%):")
   print("| param | " + " | ".join(
-      f"{i + 1}: T={r['tokens']} {r['optimizer']} {_layout_label(r)} "
-      f"{r.get('implementation') or ''}".strip() for i, r in enumerate(rows)) + " |")
+      f"{i + 1}: T={r['tokens']} {r['optimizer']} {_layout_label(r)}"
+      for i, r in enumerate(rows)) + " |")
   print("|---|" + "---|" * len(rows))
   for k in keys:
     ref = rows[0]["movement"].get(k)
