@@ -961,7 +961,7 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   def matmul():
     def acc_scope(acc_ref):
       def step(_, x_smem, dy_smem):
-        a = x_smem if config.transpose_x else plgpu.transpose_ref(x_smem, (1, 0))
+        a = x_smem if config.transpose_x else x_smem.transpose((1, 0))
         plgpu.wgmma(acc_ref, a, dy_smem)
         if config.max_concurrent_steps == 1:
           plgpu.wgmma_wait(0)
@@ -1087,7 +1087,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
       def body(_, x_smem, dy_smem, acc_ref):
-        a = x_smem if config.transpose_x else plgpu.transpose_ref(x_smem, (1, 0))
+        a = x_smem if config.transpose_x else x_smem.transpose((1, 0))
         plgpu.wgmma(acc_ref, a, dy_smem.at[:, pl.ds(wg * bn, bn)])
         plgpu.wgmma_wait(0)
         return acc_ref
@@ -1200,7 +1200,7 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
             slot = lax.rem(g, depth)
             plgpu.barrier_wait(produced.at[wg * depth + slot])
             a = (x_smem.at[slot] if config.transpose_x
-                 else plgpu.transpose_ref(x_smem.at[slot], (1, 0)))
+                 else x_smem.at[slot].transpose((1, 0)))
             plgpu.wgmma(acc_ref, a, dy_smem.at[slot])
             plgpu.wgmma_wait(1)  # the previous step's wgmma is done: release it
 
