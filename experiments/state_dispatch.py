@@ -7,9 +7,11 @@ ForgeEmbed keeps a float32 ``probe`` and a uint32 ``rounding_seed`` scalar
 beside its moments), so this times a donated jitted step whose body only
 adds 1 to every leaf, for the real state's tree of each variant
 (``memory_llama.build`` through ``jax.eval_shape``) with every array
-shrunk to one element per dimension. It isolates the per-leaf cost from
-the model's kernels; the figure is an upper bound on what packing the
-scalars would save, not a measurement of a packed state.
+shrunk to one element per dimension, so the model's kernels are not in it.
+The step's adds are device work too, and XLA fuses them per tree as it
+chooses: a difference between two rows is the difference of these toy
+steps, not a measured host cost per leaf, nor what packing the scalars in
+a real state would save.
 
 Variants per layout: ``optax``, ``forge-bf16``, ``forge-int8``, and
 ``forge-bf16, no scalars`` (the same tree without its ``probe`` and
@@ -19,7 +21,10 @@ two arrays of one element per kernel: those two arrays are added).
     python -m experiments.state_dispatch --model llama3.1-8b --steps 200
 
 Prints one markdown table last: leaves, scalar leaves, the median of steps
-waited for one by one, and the mean of steps dispatched back to back (ms).
+waited for one by one (on one output, as ``memory_llama`` waits on the
+loss), and the mean of steps dispatched back to back (ms), each the median
+over ``--repeats`` runs. Stop 33's table (``results/h200_2026-12-03h``) came
+from the first version, which waited on every output and ran once.
 """
 
 from __future__ import annotations
@@ -48,6 +53,17 @@ def state_shapes(model_name: str, optimizer: str, layout: str):
   return jax.eval_shape(make, jax.random.key(0), batch[0])
 
 
+def _name(path) -> str | None:
+  """The last key of a leaf's path (a dict key or a dataclass field)."""
+  return getattr(path[-1], "key", getattr(path[-1], "name", None))
+
+
+def scalar_count(shapes) -> int:
+  """Leaves named ``probe`` or ``rounding_seed`` in the tree."""
+  return sum(_name(p) in _SCALARS
+             for p, _ in jax.tree_util.tree_flatten_with_path(shapes)[0])
+
+
 def tiny_leaves(shapes, drop_scalars: bool = False) -> list[jax.Array]:
   """One small array per leaf (one element per dimension, same dtype).
 
@@ -57,8 +73,7 @@ def tiny_leaves(shapes, drop_scalars: bool = False) -> list[jax.Array]:
   flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
   out, dropped = [], 0
   for path, s in flat:
-    last = getattr(path[-1], "key", getattr(path[-1], "name", None))
-    if drop_scalars and last in _SCALARS:
+    if drop_scalars and _name(path) in _SCALARS:
       dropped += 1
       continue
     dtype = s.dtype if jnp.issubdtype(s.dtype, jnp.number) else jnp.uint32
@@ -70,7 +85,11 @@ def tiny_leaves(shapes, drop_scalars: bool = False) -> list[jax.Array]:
 
 
 def time_step(leaves: list[jax.Array], steps: int) -> tuple[float, float]:
-  """(median waited ms, mean back-to-back ms) of a donated add-one step."""
+  """(median waited ms, mean back-to-back ms) of a donated add-one step.
+
+  A waited step waits on its first output only (one execution makes them
+  all). The leaves are donated: ``leaves`` is consumed.
+  """
   step = jax.jit(lambda ls: [x + jnp.ones((), x.dtype) for x in ls],
                  donate_argnums=(0,))
   for _ in range(3):
@@ -80,7 +99,7 @@ def time_step(leaves: list[jax.Array], steps: int) -> tuple[float, float]:
   for _ in range(steps):
     t0 = time.perf_counter()
     leaves = step(leaves)
-    jax.block_until_ready(leaves)
+    jax.block_until_ready(leaves[0])
     waited.append(time.perf_counter() - t0)
   t0 = time.perf_counter()
   for _ in range(steps):
@@ -97,30 +116,39 @@ def main(argv=None):
                  help="comma-separated memory_llama layouts")
   p.add_argument("--steps", type=int, default=200,
                  help="steps timed each way (default 200)")
+  p.add_argument("--repeats", type=int, default=3,
+                 help="runs per variant, interleaved; each figure is their "
+                 "median (default 3)")
   a = p.parse_args(argv)
   if a.steps < 1:
     p.error(f"--steps={a.steps} must be >= 1")
+  if a.repeats < 1:
+    p.error(f"--repeats={a.repeats} must be >= 1")
   layouts = a.layouts.split(",")
   for layout in layouts:
     if layout not in memory_llama.LAYOUTS:
       p.error(f"--layouts: {layout!r} is not one of {memory_llama.LAYOUTS}")
+  variants = (("optax", "optax", False), ("forge-bf16", "forge-bf16", False),
+              ("forge-int8", "forge-int8", False),
+              ("forge-bf16, no scalars", "forge-bf16", True))
   rows = []
   for layout in layouts:
-    for name, opt, drop in (("optax", "optax", False),
-                            ("forge-bf16", "forge-bf16", False),
-                            ("forge-int8", "forge-int8", False),
-                            ("forge-bf16, no scalars", "forge-bf16", True)):
-      shapes = state_shapes(a.model, opt, layout)
-      flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
-      n_scalar = sum(
-          getattr(pth[-1], "key", None) in _SCALARS for pth, _ in flat)
-      leaves = tiny_leaves(shapes, drop_scalars=drop)
-      waited, piped = time_step(leaves, a.steps)
-      rows.append((layout, name, len(leaves), 0 if drop else n_scalar,
-                   waited, piped))
+    trees = {name: state_shapes(a.model, opt, layout)
+             for name, opt, _ in variants}
+    runs = {name: [] for name, _, _ in variants}
+    for _ in range(a.repeats):  # interleaved, so drift hits every variant
+      for name, _, drop in variants:
+        runs[name].append(
+            time_step(tiny_leaves(trees[name], drop_scalars=drop), a.steps))
+    for name, _, drop in variants:
+      n = len(tiny_leaves(trees[name], drop_scalars=drop))
+      waited, piped = np.median(np.array(runs[name]), axis=0)
+      rows.append((layout, name, n, 0 if drop else scalar_count(trees[name]),
+                   float(waited), float(piped)))
       print(rows[-1], flush=True)
   print(f"\n{a.model} on {jax.devices()[0].device_kind}: a donated step that "
-        f"adds 1 to each leaf of the state's tree (leaves shrunk)\n")
+        f"adds 1 to each leaf of the state's tree (leaves shrunk); median of "
+        f"{a.repeats} runs of {a.steps} steps each way\n")
   print("| layout | state | leaves | probe + seed leaves | waited ms | "
         "back to back ms |")
   print("|---|---|---|---|---|---|")
