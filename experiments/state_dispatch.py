@@ -136,14 +136,16 @@ def main(argv=None):
     trees = {name: state_shapes(a.model, opt, layout)
              for name, opt, _ in variants}
     runs = {name: [] for name, _, _ in variants}
+    n_leaves = {}
     for _ in range(a.repeats):  # interleaved, so drift hits every variant
       for name, _, drop in variants:
-        runs[name].append(
-            time_step(tiny_leaves(trees[name], drop_scalars=drop), a.steps))
+        leaves = tiny_leaves(trees[name], drop_scalars=drop)
+        n_leaves[name] = len(leaves)  # before time_step consumes them
+        runs[name].append(time_step(leaves, a.steps))
     for name, _, drop in variants:
-      n = len(tiny_leaves(trees[name], drop_scalars=drop))
       waited, piped = np.median(np.array(runs[name]), axis=0)
-      rows.append((layout, name, n, 0 if drop else scalar_count(trees[name]),
+      rows.append((layout, name, n_leaves[name],
+                   0 if drop else scalar_count(trees[name]),
                    float(waited), float(piped)))
       print(rows[-1], flush=True)
   print(f"\n{a.model} on {jax.devices()[0].device_kind}: a donated step that "
