@@ -99,3 +99,49 @@ def test_closed_over_values_get_their_gradient(rng):
   want = jax.grad(loss)(1.1, True)
   got = jax.jit(jax.grad(loss), static_argnums=1)(1.1, False)
   assert rel_err(got, want) <= 1e-5
+
+
+def test_read_slice_after_gives_the_layers_old_slice(rng):
+  """A layer's backward that reads its weight again from the stack
+  (read_slice_after) gets layer i's old values: the same gradients as
+  lax.scan. Outside inplace_scan's backward, or for a key not in diff, it
+  returns None."""
+  from forge_jax._src.inplace_scan import read_slice_after
+  carry, diff, const = _inputs(rng)
+  reads = []
+
+  @jax.custom_vjp
+  def linear(c, w):
+    return c @ w
+
+  def linear_fwd(c, w):
+    return c @ w, (c, w)
+
+  def linear_bwd(res, g):
+    c, w = res
+    late = read_slice_after("w", g)
+    reads.append(late is not None)
+    w = w if late is None else late
+    return g @ w.T, c.T @ g
+
+  linear.defvjp(linear_fwd, linear_bwd)
+
+  def body(c, d, k):
+    sign = jnp.where(k["flip"] % 2 == 1, -1.0, 1.0)
+    return c + sign * jnp.tanh(linear(c, d["w"]) + d["b"]) * d["scale"]
+
+  def loss(carry, diff, scan):
+    if scan:
+      out = jax.lax.scan(lambda c, xs: (body(c, *xs), None), carry, (diff, const))[0]
+    else:
+      out = inplace_scan(body, carry, diff, const)
+    return jnp.sum(out ** 2)
+
+  want = jax.grad(loss, argnums=(0, 1))(carry, diff, True)
+  assert reads and not any(reads)            # lax.scan: no late read
+  reads.clear()
+  got = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(carry, diff, False)
+  assert reads == [True]                     # traced once, read from the stack
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert rel_err(a, b) <= 1e-5
+  assert read_slice_after("w", carry) is None
