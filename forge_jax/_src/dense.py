@@ -26,7 +26,6 @@ import numpy as np
 from flax.linen.dtypes import promote_dtype
 from jax import lax
 
-from forge_jax._src import inplace_scan as inplace_scan_lib
 from forge_jax._src import transforms as transforms_lib
 from pallas_kernels import fused_dw
 from pallas_kernels import quantization
@@ -77,12 +76,6 @@ class FusedContext:
       outputs).
     audit: print each fused update's distance from the unfused reference
       on the same inputs (``fused_step``'s ``audit``; :func:`audit_update`).
-    stack_keys: module path -> the key of that stacked layer's kernel in the
-      ``diff`` mapping of the :func:`forge_jax.inplace_scan` it runs in (set
-      by the model, e.g. ``Llama._fused_scanned_layers``). The layer's
-      backward then reads its kernel from the stack again just before dx
-      instead of keeping the recomputed forward's slice
-      (:func:`forge_jax._src.inplace_scan.read_slice_after`).
   """
 
   step: jax.Array
@@ -95,7 +88,6 @@ class FusedContext:
   stacked: frozenset[tuple[str, ...]] = frozenset()
   in_place: bool = False
   audit: bool = False
-  stack_keys: dict[tuple[str, ...], Any] = dataclasses.field(default_factory=dict)
 
   def record_backward(self, path: tuple[str, ...]) -> None:
     self.backward_traces[path] = self.backward_traces.get(path, 0) + 1
@@ -209,18 +201,6 @@ def _forge_linear_bwd(spec, residuals, dy):
   # int8 codes arrive viewed as float8 (see fused_step) and leave the same way.
   state = quantization.from_float_view(state)
   spec.context.record_backward(spec.path)
-  small = _small_state_leaf(state, kernel)
-  late = None
-  if spec.path in spec.context.stack_keys and small is not None:
-    # A layer of inplace_scan with a small state leaf (int8 moments' scales):
-    # layer i's kernel read again from the stack once dy exists and the
-    # previous update of the layer's backward ran. Keeping the forward's
-    # slice instead held the slices of every projection whose backward comes
-    # later (Llama-3.1-8B, int8 moments: gate, up, q, k, v, o, 304 MiB at
-    # the scanned step's peak).
-    late = inplace_scan_lib.read_slice_after(
-        spec.context.stack_keys[spec.path], dy)
-    kernel = kernel if late is None else late
   # dx reads the old kernel; the fused kernel then overwrites it in place.
   dx = lax.dot_general(
       dy, kernel.astype(spec.compute_dtype),
@@ -230,27 +210,10 @@ def _forge_linear_bwd(spec, residuals, dy):
   new_kernel, new_state = _sharded_update(spec, x2, dy2, kernel, state, hparams, seed)
   if spec.context.audit and spec.kernel_axes == (None, None):
     audit_update(spec, x2, dy2, kernel, state, hparams, seed, new_kernel)
-  if late is not None:
-    # the next projection's kernel is read after this update ran
-    inplace_scan_lib.mark_done(_small_state_leaf(new_state, new_kernel))
   if spec.context.order_updates:
     dx, new_kernel = order_update(dx, new_kernel)
   return (dx, new_kernel, quantization.as_float_view(new_state),
           jnp.zeros_like(hparams), *probe_and_seed_cotangents(probe, seed, dy))
-
-
-def _small_state_leaf(state, kernel):
-  """The smallest floating leaf of ``state`` if it has at most 1/16 of the
-  kernel's elements (an int8 moment's scales), else None. Reading one
-  element of it orders later work after the update without copying a
-  large output (a second use of a large one would cost XLA its in-place
-  write into the layer stack)."""
-  leaves = [a for a in jax.tree.leaves(state)
-            if jnp.issubdtype(a.dtype, jnp.floating) and a.size]
-  if not leaves:
-    return None
-  leaf = min(leaves, key=lambda a: a.size)
-  return leaf if leaf.size * 16 <= kernel.size else None
 
 
 def audit_update(spec: _Spec, x, dy, kernel, state, hparams, seed, new_kernel):

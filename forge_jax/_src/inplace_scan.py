@@ -27,10 +27,8 @@ fused kernels fed from ``forge_state`` and ``dense.path_prefix``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -103,78 +101,6 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
   return _scan(converted, carry, diff, const, tuple(consts))
 
 
-_LOCAL = threading.local()
-
-
-@contextlib.contextmanager
-def _backward_of_layer(stacks, i) -> Iterator[None]:
-  old = getattr(_LOCAL, "layer", None)
-  _LOCAL.layer = (stacks, i, [])
-  try:
-    yield
-  finally:
-    _LOCAL.layer = old
-
-
-def _zero_from(value: jax.Array) -> jax.Array:
-  """An int32 0 that XLA can compute only once ``value`` exists: the first
-  element times 0, converted (0 for every float, NaN and ±inf included: XLA
-  does not fold a float multiplication by zero, and converts NaN to 0)."""
-  first = lax.index_in_dim(jnp.ravel(value), 0, keepdims=False)
-  return (first.astype(jnp.float32) * 0).astype(jnp.int32)
-
-
-def read_slice_after(key: Any, after: jax.Array) -> jax.Array | None:
-  """Layer i's slice of the stacked ``diff[key]``, read once ``after`` exists.
-
-  For a layer's backward traced inside :func:`inplace_scan`'s backward loop
-  (where ``diff`` is a mapping): a fresh ``dynamic_index_in_dim`` of the
-  loop's carry (still the old values of layer i) at the index ``i + z``,
-  where ``z`` is an int32 zero computed from one element of ``after`` and of
-  every value passed to :func:`mark_done` so far in this layer's backward.
-  XLA therefore cannot read the slice before those exist, nor merge the read
-  with the recomputed forward's read of the same slice; the forward's copy
-  dies after the forward's matmul instead of living through the backward
-  (docs/results.md, stop 34). (An ``optimization_barrier`` on the index did
-  the same on the CPU, but XLA's GPU compiler failed on it: "HloEvaluator
-  does not implement the opt-barrier opcode".)
-
-  Args:
-    key: the key of the stack in ``diff``.
-    after: a floating array the read must wait for (e.g. the layer's dy).
-
-  Returns:
-    The slice (the stack's shape without its leading axis, same dtype), or
-    None outside inplace_scan's backward or when ``key`` is not in ``diff``.
-  """
-  layer = getattr(_LOCAL, "layer", None)
-  if layer is None:
-    return None
-  stacks, i, done = layer
-  if not isinstance(stacks, Mapping) or key not in stacks:
-    return None
-  zero = _zero_from(after)
-  for z in done:
-    zero = zero + z
-  return lax.dynamic_index_in_dim(stacks[key], i + zero, 0, keepdims=False)
-
-
-def mark_done(value: jax.Array) -> None:
-  """Orders every later :func:`read_slice_after` of this layer's backward
-  after ``value`` is computed (no-op outside inplace_scan's backward).
-
-  A fused layer passes a small output of its update (an int8 moment's
-  scales): the next projection's kernel is then read only after this
-  update ran. XLA's GPU scheduler otherwise put every fused update of the
-  loop body (whose results only feed the carry) at the body's end, each
-  holding its kernel slice and inputs until then (Llama-3.1-8B, int8
-  moments: 1.86 GiB of temp against 1.77 without the late reads, stop 34).
-  """
-  layer = getattr(_LOCAL, "layer", None)
-  if layer is not None:
-    layer[2].append(_zero_from(value))
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _scan(body, carry, diff, const, consts):
   def step(c, xs):
@@ -214,10 +140,8 @@ def _scan_bwd(body, res, g):
       return body(c, d, k_i, *[next(it) if f else a
                                for a, f in zip(consts, float_consts)])
 
-    # A layer's backward may read its slices again, late (read_slice_after).
-    with _backward_of_layer(acc, i):
-      _, vjp = jax.vjp(layer, c_i, d_i, fl)
-      g_c, g_d, g_fl = vjp(g)
+    _, vjp = jax.vjp(layer, c_i, d_i, fl)
+    g_c, g_d, g_fl = vjp(g)
     # Slice i of the stack is written only now, after everything of layer i
     # has been read: the carry is updated in place.
     acc = jax.tree.map(

@@ -670,12 +670,6 @@ class Llama(nn.Module):
                      for a in jax.tree.leaves(v))
       (diff if floating else const)[(dense_lib.FORGE_STATE,) + k] = v
     prefix = tuple(self.scope.path) + ("layers", "block")
-    # Each fused layer's backward reads its kernel from the loop's stack
-    # again, just before its dx (dense.FusedContext.stack_keys).
-    ctx = dense_lib.current_context()
-    for p in fused:
-      ctx.stack_keys[prefix + p] = (
-          (dense_lib.FORGE_STATE,) + p + (dense_lib.KERNEL_INPUT,))
 
     def body(h, d, c):
       flat = {**d, **c}
