@@ -197,13 +197,15 @@ def test_scanned_layers_compute_the_unrolled_model(tiny, remat):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_fused_step_with_scanned_layers_equals_unrolled(tiny):
+@pytest.mark.parametrize("moments", [jnp.float32, jnp.int8])
+def test_fused_step_with_scanned_layers_equals_unrolled(tiny, moments):
   """ForgeDense under nn.scan: each layer's slice of the stacked kernels and
-  moments is updated by its own fused backward."""
+  moments is updated by its own fused backward, with fp32 and with int8
+  moments."""
   import forge_jax as fj
   tokens = tiny[0]
-  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2),
-                            implementation="xla")
+  dense = functools.partial(fj.ForgeDense, implementation="xla", optimizer=fj.adamw(
+      1e-2, mu_dtype=moments, nu_dtype=moments))
   unrolled = Llama(TINY, dense_cls=dense)
   scanned = Llama(dataclasses.replace(TINY, scan_layers=True), dense_cls=dense)
   v = unrolled.init(jax.random.key(0), tokens)
