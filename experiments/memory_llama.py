@@ -330,7 +330,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     shapes = jax.eval_shape(model.init, init_key, batch[0])
     variables = jax.jit(model.init, out_shardings=jax.tree.map(
         lambda s: jax.sharding.NamedSharding(mesh, s),
-        llama.tensor_parallel_specs(shapes, "model")))(init_key, batch[0])
+        llama.tensor_parallel_specs(shapes, "model", tp)))(init_key, batch[0])
   elif not cfg.scan_layers:
     variables = _unrolled_init(model, init_key, batch[0], how=init_how)
   else:

@@ -687,7 +687,8 @@ COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
 
 
-def tensor_parallel_specs(variables: Any, axis: str) -> Any:
+def tensor_parallel_specs(variables: Any, axis: str,
+                          axis_size: int | None = None) -> Any:
   """PartitionSpecs of a Llama's variables for ``tensor_parallel_axis=axis``.
 
   The projections' kernels and everything stored beside them in
@@ -699,12 +700,26 @@ def tensor_parallel_specs(variables: Any, axis: str) -> Any:
   Args:
     variables: the model's variables, or their shapes (``jax.eval_shape``).
     axis: the mesh axis name.
+    axis_size: the number of devices along ``axis``. When given, every split
+      dimension is checked to divide evenly over them, so that a sharded
+      ``jax.jit(model.init, out_shardings=...)`` cannot fail later with
+      JAX's generic error about an indivisible shape.
 
   Returns:
     A tree of ``jax.sharding.PartitionSpec`` with the structure of
     ``variables``; use ``NamedSharding(mesh, spec)`` to place or init them.
+
+  Raises:
+    ValueError: if ``axis_size`` is not a positive int, or a split dimension
+      is not a multiple of it; the message names the variable, and for int8
+      moments (whose scales hold one value per block of
+      ``quantization.BLOCK_SIZE`` = 64 kernel columns or rows) the blocks.
   """
   P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  if axis_size is not None and (isinstance(axis_size, bool) or not isinstance(
+      axis_size, int) or axis_size < 1):
+    raise ValueError(f"axis_size={axis_size!r} must be a positive int (the "
+                     f"number of devices along {axis!r}) or None")
 
   def spec(path, leaf):
     names = [getattr(k, "key", getattr(k, "name", "")) for k in path]
@@ -715,10 +730,33 @@ def tensor_parallel_specs(variables: Any, axis: str) -> Any:
       return P(*([None] * (nd - 2)), axis, None)
     return P()
 
+  def check(path, leaf, leaf_spec, what=""):
+    if axis_size is None:
+      return
+    for dim, (n, a) in enumerate(zip(leaf.shape, leaf_spec)):
+      if a is not None and n % axis_size:
+        where = jax.tree_util.keystr(path) + what
+        blocks = (f" (int8 moments keep one scale per block of "
+                  f"{quantization.BLOCK_SIZE} kernel elements along the split "
+                  f"axis: {n} block{'s' if n != 1 else ''} here; each device "
+                  "needs whole blocks, so the kernel's split axis needs a "
+                  f"multiple of {quantization.BLOCK_SIZE * axis_size}; use "
+                  "fewer devices or bf16/fp32 moments)"
+                  if what == ".scale" else "")
+        raise ValueError(
+            f"tensor_parallel_specs: {where} of shape {tuple(leaf.shape)} "
+            f"splits its axis {dim} ({n}) over {axis_size} devices of "
+            f"{axis!r}, which does not divide it{blocks}")
+
   def node(path, leaf):  # an int8 state split like its codes
     if isinstance(leaf, quantization.QuantizedArray):
-      return quantization.sharded_like(leaf, spec(path, leaf.codes))
-    return spec(path, leaf)
+      out = quantization.sharded_like(leaf, spec(path, leaf.codes))
+      check(path, leaf.codes, out.codes, ".codes")
+      check(path, leaf.scale, out.scale, ".scale")
+      return out
+    out = spec(path, leaf)
+    check(path, leaf, out)
+    return out
 
   return jax.tree_util.tree_map_with_path(
       node, variables,
