@@ -267,14 +267,14 @@ def test_llama_specs_split_int8_scales_along_their_own_axes():
 def test_llama_specs_check_the_split_when_given_the_axis_size():
   """tensor_parallel_specs(..., axis_size=n) refuses a split that does not
   divide, naming the variable (and the int8 blocks), instead of leaving it
-  to JAX's indivisible-shape error at the sharded init."""
+  to JAX's indivisible-shape error at the sharded init or to the step."""
   from forge_jax.models.llama import Llama, LlamaConfig, tensor_parallel_specs  # pylint: disable=g-import-not-at-top
   import functools  # pylint: disable=g-import-not-at-top
 
-  def shapes(moments, d_model=128, kv_heads=2):
+  def shapes(moments, kv_heads=2, ffn_dim=256):
     # head_dim 32: k/v projections have kv_heads * 32 columns
-    cfg = LlamaConfig(vocab_size=61, d_model=d_model, n_layers=2, n_heads=d_model // 32,
-                      n_kv_heads=kv_heads, ffn_dim=256, max_seq_len=16, scan_layers=True)
+    cfg = LlamaConfig(vocab_size=61, d_model=128, n_layers=2, n_heads=4,
+                      n_kv_heads=kv_heads, ffn_dim=ffn_dim, max_seq_len=16, scan_layers=True)
     dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(
         1e-2, mu_dtype=moments, nu_dtype=moments))
     return jax.eval_shape(lambda: Llama(cfg, dense_cls=dense).init(
@@ -282,11 +282,16 @@ def test_llama_specs_check_the_split_when_given_the_axis_size():
 
   int8 = shapes(jnp.int8, kv_heads=4)  # k/v: 128 columns, 2 int8 blocks
   assert tensor_parallel_specs(int8, "model", 2) == tensor_parallel_specs(int8, "model")
+  assert tensor_parallel_specs(int8, "model", np.int64(2)) == tensor_parallel_specs(int8, "model")
   # k/v with 64 columns: one int8 block, which two devices cannot share
-  with pytest.raises(ValueError, match=r"k_proj.*scale.*block of 64 kernel elements.*1 block here.*multiple of 128"):
+  with pytest.raises(ValueError, match=r"k_proj.*codes.*block of 64 elements.*multiple of 128"):
     tensor_parallel_specs(shapes(jnp.int8), "model", 2)
-  # the same model with bf16 moments splits (32 columns per device)
-  tensor_parallel_specs(shapes(jnp.bfloat16), "model", 2)
+  # gate/up with 224 columns: 112 per device, not whole blocks
+  with pytest.raises(ValueError, match=r"gate_proj.*codes.*\(224\).*multiple of 128"):
+    tensor_parallel_specs(shapes(jnp.int8, kv_heads=4, ffn_dim=224), "model", 2)
+  # down_proj splits its 224 rows (not the block axis): 112 rows each is fine
+  # with bf16 moments, and the same model splits with them
+  tensor_parallel_specs(shapes(jnp.bfloat16, ffn_dim=224), "model", 2)
   # a kernel dimension that 3 does not divide: named, no block hint
   with pytest.raises(ValueError, match=r"splits its axis .* over 3 devices of 'model'") as e:
     tensor_parallel_specs(shapes(jnp.bfloat16), "model", 3)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 from typing import Any, Callable, Dict
 
 import flax
@@ -711,13 +712,15 @@ def tensor_parallel_specs(variables: Any, axis: str,
 
   Raises:
     ValueError: if ``axis_size`` is not a positive int, or a split dimension
-      is not a multiple of it; the message names the variable, and for int8
-      moments (whose scales hold one value per block of
-      ``quantization.BLOCK_SIZE`` = 64 kernel columns or rows) the blocks.
+      is not a multiple of it, naming the variable; for an int8 state split
+      along the axis of its quantization blocks (one scale per
+      ``quantization.BLOCK_SIZE`` = 64 elements: column-parallel layers),
+      if that axis is not a multiple of 64 × ``axis_size`` (each device
+      needs whole blocks).
   """
   P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
   if axis_size is not None and (isinstance(axis_size, bool) or not isinstance(
-      axis_size, int) or axis_size < 1):
+      axis_size, numbers.Integral) or axis_size < 1):
     raise ValueError(f"axis_size={axis_size!r} must be a positive int (the "
                      f"number of devices along {axis!r}) or None")
 
@@ -730,28 +733,28 @@ def tensor_parallel_specs(variables: Any, axis: str,
       return P(*([None] * (nd - 2)), axis, None)
     return P()
 
-  def check(path, leaf, leaf_spec, what=""):
+  def check(path, leaf, leaf_spec, what="", multiple=1):
     if axis_size is None:
       return
     for dim, (n, a) in enumerate(zip(leaf.shape, leaf_spec)):
-      if a is not None and n % axis_size:
-        where = jax.tree_util.keystr(path) + what
-        blocks = (f" (int8 moments keep one scale per block of "
-                  f"{quantization.BLOCK_SIZE} kernel elements along the split "
-                  f"axis: {n} block{'s' if n != 1 else ''} here; each device "
-                  "needs whole blocks, so the kernel's split axis needs a "
-                  f"multiple of {quantization.BLOCK_SIZE * axis_size}; use "
-                  "fewer devices or bf16/fp32 moments)"
-                  if what == ".scale" else "")
+      if a is not None and n % (axis_size * multiple):
+        why = (", which does not divide it" if multiple == 1 else
+               f": int8 states keep one scale per block of {multiple} "
+               "elements along this axis and each device needs whole "
+               f"blocks, so the axis must be a multiple of "
+               f"{multiple * axis_size}; use fewer devices or bf16/fp32 moments")
         raise ValueError(
-            f"tensor_parallel_specs: {where} of shape {tuple(leaf.shape)} "
-            f"splits its axis {dim} ({n}) over {axis_size} devices of "
-            f"{axis!r}, which does not divide it{blocks}")
+            f"tensor_parallel_specs: {jax.tree_util.keystr(path)}{what} of "
+            f"shape {tuple(leaf.shape)} splits its axis {dim} ({n}) over "
+            f"{axis_size} devices of {axis!r}{why}")
 
   def node(path, leaf):  # an int8 state split like its codes
     if isinstance(leaf, quantization.QuantizedArray):
       out = quantization.sharded_like(leaf, spec(path, leaf.codes))
-      check(path, leaf.codes, out.codes, ".codes")
+      entries = tuple(out.codes)  # blocks lie along the codes' last axis
+      split_last = len(entries) == leaf.codes.ndim and entries[-1] is not None
+      check(path, leaf.codes, out.codes, ".codes",
+            quantization.BLOCK_SIZE if split_last else 1)
       check(path, leaf.scale, out.scale, ".scale")
       return out
     out = spec(path, leaf)

@@ -3,7 +3,7 @@
 # scanned backward loop scheduled at the loop body's end (call4_hlo_schedule/). Committed code,
 # scan+remat T=2048: XLA's defaults, the latency-hiding scheduler off (XLA then picks the
 # schedule that needs the least memory among its list/DFS/post-order schedulers), and a 1%
-# scheduler memory limit (stop 34: 1.72 GiB int8; a prototype's bf16 step 1.11 at +10% time); int8 with a
+# scheduler memory limit (stop 34: 1.72 GiB int8; a prototype's bf16 step 1.11 at +8% time); int8 with a
 # peak report, bf16 for the time. About 6 x 65 s. Run from the repository root with devrun/ carried
 # (devrun/env.sh = ../env.sh).
 source devrun/env.sh
