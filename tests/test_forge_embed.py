@@ -153,6 +153,40 @@ def test_fused_embed_update_needs_less_temp_than_the_dense_gradient(monkeypatch)
   assert a < 0.6 * b, (a, b)
 
 
+@pytest.mark.parametrize("tail", [0, 100], ids=["whole_slabs", "tail_slab"])
+def test_fused_embed_update_does_not_copy_its_states(monkeypatch, tail):
+  """With the table and int8 states donated, the slabs write the states in
+  place: the compiled update holds no copy of a moment's codes (before the
+  fix, XLA's copy insertion copied both, as in the H200's 8B step: the
+  table's pass read what the slab loop overwrote, unordered), so its temp
+  stays below one moment's codes (XLA's CPU compiler, jax 0.10 and 0.11)."""
+  from forge_jax._src import transforms
+  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", 256 * 256)  # slabs of 256 rows
+  v, d, n = 8192 + tail, 256, 64
+  opt = fj.adamw(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8)
+  rng = np.random.default_rng(21)
+  table = jnp.asarray(rng.standard_normal((v, d)), jnp.bfloat16)
+  state = _random_state(opt, (v, d), rng)
+  ids = jnp.asarray(rng.integers(0, v, n), jnp.int32)
+  dy = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
+  hparams = opt.packed_hyperparams(jnp.int32(3))
+  f = functools.partial(embed_lib.fused_embed_update, hparams=hparams,
+                        rule=opt.rule)
+  compiled = jax.jit(f, donate_argnums=(2, 3)).lower(ids, dy, table, state).compile()
+  codes = f"s8[{v},{d}]"
+  copies = [line for line in compiled.as_text().splitlines()
+            if f"{codes}" in line and " copy(" in line]
+  assert not copies, copies
+  assert compiled.memory_analysis().temp_size_in_bytes < v * d
+  # and the donated update is still the one-pass update
+  got = jax.jit(f, donate_argnums=(2, 3))(ids, dy, jnp.copy(table),
+                                         jax.tree.map(jnp.copy, state))
+  want = jax.jit(functools.partial(f, slab_rows=None))(ids, dy, table, state)
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
+                               rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("rule", fj.rules.ALL_RULES, ids=lambda r: r.name)
 def test_rule_states_do_not_read_the_weights(rule):
   """fused_embed_update's slabs compute the new states without the table
