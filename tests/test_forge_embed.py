@@ -187,6 +187,25 @@ def test_fused_embed_update_does_not_copy_its_states(monkeypatch, tail):
                                rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("moments", [jnp.int8, jnp.float32], ids=["int8", "fp32"])
+def test_fused_embed_update_of_an_empty_row_slabs(moments):
+  """A (V, 0) table with explicit slabs runs (the slab loop's ordering reads
+  no element of an empty table) and equals one pass."""
+  opt = fj.adamw(1e-2, mu_dtype=moments, nu_dtype=moments)
+  rng = np.random.default_rng(22)
+  table = jnp.zeros((5, 0), jnp.float32)
+  state = _random_state(opt, (5, 0), rng)
+  ids = jnp.asarray([0, 3, 3], jnp.int32)
+  dy = jnp.zeros((3, 0), jnp.float32)
+  hparams = opt.packed_hyperparams(jnp.int32(1))
+  a = embed_lib.fused_embed_update(ids, dy, table, state, hparams, rule=opt.rule,
+                                   slab_rows=2)
+  b = embed_lib.fused_embed_update(ids, dy, table, state, hparams, rule=opt.rule,
+                                   slab_rows=None)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert x.shape == y.shape and x.dtype == y.dtype
+
+
 @pytest.mark.parametrize("rule", fj.rules.ALL_RULES, ids=lambda r: r.name)
 def test_rule_states_do_not_read_the_weights(rule):
   """fused_embed_update's slabs compute the new states without the table

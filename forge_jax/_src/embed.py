@@ -208,7 +208,7 @@ def fused_embed_update(ids, dy, table, state, hparams, *, rule, seed=None,
   # (seen on the H200 in the 8B step: 2 x 501 MiB of int8 codes; and on the
   # CPU). `after` is a zero computed from the new table, added to each slab's
   # offset; an optimization_barrier does not survive to copy insertion.
-  after = _zero_after(new_table)
+  after = _zero_after(new_table) if new_table.size else 0
 
   def slab(r0, size, states):
     r0 = r0 + after
