@@ -123,21 +123,29 @@ def test_ids_of_every_integer_dtype_follow_jnp_take(id_dtype):
   np.testing.assert_allclose(new_w, table - grad, rtol=1e-6, atol=1e-6)
 
 
+def _large_int8_case(monkeypatch, v, d, *, seed, count, n=64):
+  """A bf16 (v, d) table with random int8 AdamW moments, n random ids and a
+  bf16 dy, and the hyperparameters at step ``count``; slabs of 256 rows
+  (``transforms.CHUNK_ELEMENTS`` patched)."""
+  from forge_jax._src import transforms
+  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", 256 * d)
+  opt = fj.adamw(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8)
+  rng = np.random.default_rng(seed)
+  table = jnp.asarray(rng.standard_normal((v, d)), jnp.bfloat16)
+  state = _random_state(opt, (v, d), rng)
+  ids = jnp.asarray(rng.integers(0, v, n), jnp.int32)
+  dy = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
+  return opt, ids, dy, table, state, opt.packed_hyperparams(jnp.int32(count))
+
+
 def test_fused_embed_update_needs_less_temp_than_the_dense_gradient(monkeypatch):
   """Compiled with the table and state donated, the default update of a
   large table with int8 states (its states in slabs) needs less temp than
   the unfused update of the dense (V, D) gradient (XLA's CPU compiler, jax
   0.10 and 0.11; the H200 is measured by experiments/bench_embed_update)."""
-  from forge_jax._src import transforms
-  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", 256 * 256)  # slabs of 256 rows
-  v, d, n = 8192, 256, 64
-  opt = fj.adamw(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8)
-  rng = np.random.default_rng(0)
-  table = jnp.asarray(rng.standard_normal((v, d)), jnp.bfloat16)
-  state = _random_state(opt, (v, d), rng)
-  ids = jnp.asarray(rng.integers(0, v, n), jnp.int32)
-  dy = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
-  hparams = opt.packed_hyperparams(jnp.int32(0))
+  v, d = 8192, 256
+  opt, ids, dy, table, state, hparams = _large_int8_case(monkeypatch, v, d, seed=0,
+                                                         count=0)
   assert embed_lib.default_slab_rows((v, d), state) == 256
   fused = functools.partial(embed_lib.fused_embed_update, hparams=hparams,
                             rule=opt.rule)
@@ -160,16 +168,9 @@ def test_fused_embed_update_does_not_copy_its_states(monkeypatch, tail):
   fix, XLA's copy insertion copied both, as in the H200's 8B step: the
   table's pass read what the slab loop overwrote, unordered), so its temp
   stays below one moment's codes (XLA's CPU compiler, jax 0.10 and 0.11)."""
-  from forge_jax._src import transforms
-  monkeypatch.setattr(transforms, "CHUNK_ELEMENTS", 256 * 256)  # slabs of 256 rows
-  v, d, n = 8192 + tail, 256, 64
-  opt = fj.adamw(1e-2, mu_dtype=jnp.int8, nu_dtype=jnp.int8)
-  rng = np.random.default_rng(21)
-  table = jnp.asarray(rng.standard_normal((v, d)), jnp.bfloat16)
-  state = _random_state(opt, (v, d), rng)
-  ids = jnp.asarray(rng.integers(0, v, n), jnp.int32)
-  dy = jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16)
-  hparams = opt.packed_hyperparams(jnp.int32(3))
+  v, d = 8192 + tail, 256
+  opt, ids, dy, table, state, hparams = _large_int8_case(monkeypatch, v, d, seed=21,
+                                                         count=3)
   f = functools.partial(embed_lib.fused_embed_update, hparams=hparams,
                         rule=opt.rule)
   compiled = jax.jit(f, donate_argnums=(2, 3)).lower(ids, dy, table, state).compile()
