@@ -176,7 +176,7 @@ def test_fused_embed_update_does_not_copy_its_states(monkeypatch, tail):
   compiled = jax.jit(f, donate_argnums=(2, 3)).lower(ids, dy, table, state).compile()
   codes = f"s8[{v},{d}]"
   copies = [line for line in compiled.as_text().splitlines()
-            if f"{codes}" in line and " copy(" in line]
+            if codes in line and " copy(" in line]
   assert not copies, copies
   assert compiled.memory_analysis().temp_size_in_bytes < v * d
   # and the donated update is still the one-pass update
@@ -191,7 +191,7 @@ def test_fused_embed_update_does_not_copy_its_states(monkeypatch, tail):
 @pytest.mark.parametrize("moments", [jnp.int8, jnp.float32], ids=["int8", "fp32"])
 def test_fused_embed_update_of_an_empty_row_slabs(moments):
   """A (V, 0) table with explicit slabs runs (the slab loop's ordering reads
-  no element of an empty table) and equals one pass."""
+  no element of an empty table) and gives one pass's shapes and dtypes."""
   opt = fj.adamw(1e-2, mu_dtype=moments, nu_dtype=moments)
   rng = np.random.default_rng(22)
   table = jnp.zeros((5, 0), jnp.float32)

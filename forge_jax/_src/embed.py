@@ -91,7 +91,11 @@ def _normalized_ids(ids, v: int) -> jax.Array:
 
 def _zero_after(x) -> jax.Array:
   """int32 0, computed from an element of ``x`` (so that XLA orders what reads
-  it after ``x``) in a way XLA does not fold to a constant."""
+  it after ``x``) in a way XLA does not fold to a constant. Bit-cast to an
+  unsigned int, so no value (NaN, inf, -0) makes it nonzero. An empty ``x``
+  has no element to wait on: a constant 0."""
+  if x.size == 0:
+    return jnp.int32(0)
   bits = lax.bitcast_convert_type(x.reshape(-1)[0], jnp.dtype(f"uint{x.dtype.itemsize * 8}"))
   return jnp.minimum(bits, 0).astype(jnp.int32)
 
@@ -208,7 +212,7 @@ def fused_embed_update(ids, dy, table, state, hparams, *, rule, seed=None,
   # (seen on the H200 in the 8B step: 2 x 501 MiB of int8 codes; and on the
   # CPU). `after` is a zero computed from the new table, added to each slab's
   # offset; an optimization_barrier does not survive to copy insertion.
-  after = _zero_after(new_table) if new_table.size else 0
+  after = _zero_after(new_table)
 
   def slab(r0, size, states):
     r0 = r0 + after
