@@ -446,11 +446,16 @@ def parse_compiler_options(text: str) -> dict:
   empty value clears a list option, e.g. 'xla_gpu_enable_command_buffer=').
   A comma-separated item without '=' continues the value before it, as
   XLA's list options take them: 'xla_gpu_enable_command_buffer=FUSION,CUBLAS'.
+  'scan' stands for ``fj.SCAN_GPU_COMPILER_OPTIONS`` (a scanned model's gemms
+  read the layers' kernels in place from their stacks).
 
   Raises:
     ValueError: for a first item without '=', an empty name, or a name
       given twice.
   """
+  if text.strip() == "scan":
+    from forge_jax import SCAN_GPU_COMPILER_OPTIONS  # pylint: disable=g-import-not-at-top
+    return dict(SCAN_GPU_COMPILER_OPTIONS)
   items = []  # [name, value]
   for item in (x.strip() for x in text.split(",")):
     name, eq, value = item.partition("=")
@@ -711,7 +716,8 @@ def main(argv=None):
   p.add_argument("--compiler-options", action="append", metavar="NAME=VALUE,...",
                  help="XLA options for compiling the step (jax.jit's "
                  "compiler_options, both optimizers alike), e.g. "
-                 "'xla_gpu_enable_command_buffer='; repeat the flag to run "
+                 "'xla_gpu_enable_command_buffer=', or 'scan' for "
+                 "fj.SCAN_GPU_COMPILER_OPTIONS; repeat the flag to run "
                  "every variant under each set ('' for XLA's defaults)")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results",

@@ -99,6 +99,33 @@ CONFIGS = {
                        compute_wgs=2, ping_pong=True),
     "PP_n128s3e32x3": C(128, 128, 64, 3, epi_slots=3, epi_n=32, compute_wgs=2,
                         ping_pong=True),
+    # stop 36, T=512: the first sub-tiles' loads issued before the token loop
+    # with few enough stages that two CTAs still fit on a multiprocessor
+    # (stop 26's m128n128t64s3E needed 144 KiB: one CTA)
+    "m128n128t64s2noT": C(128, 128, 64, 2, transpose_x=False),
+    "m128n128t64s2Ee32noT": C(128, 128, 64, 2, epi_n=32, early_epilogue=True,
+                              transpose_x=False),
+    "m128n128t64s2Ee32x3noT": C(128, 128, 64, 2, epi_n=32, epi_slots=3,
+                                early_epilogue=True, transpose_x=False),
+    "m128n128t64s2Ee32x4a3noT": C(128, 128, 64, 2, epi_n=32, epi_slots=4,
+                                  epi_ahead=3, early_epilogue=True,
+                                  transpose_x=False),
+    "m128n128t64s2EnoT": C(128, 128, 64, 2, early_epilogue=True,
+                           transpose_x=False),
+    "m128n128t64s3x3noT": C(128, 128, 64, 3, epi_slots=3, transpose_x=False),
+    "m128n128t64s2Ee32": C(128, 128, 64, 2, epi_n=32, early_epilogue=True),
+    # stop 36, T=512: ping-pong and cooperative tiles with x through the view
+    "PP_n128s2e32noT": C(128, 128, 64, 2, epi_n=32, compute_wgs=2,
+                         ping_pong=True, transpose_x=False),
+    "PP_n128s4e64noT": C(128, 128, 64, 4, compute_wgs=2, ping_pong=True,
+                         transpose_x=False),
+    "PP_n128s4e32x3noT": C(128, 128, 64, 4, epi_n=32, epi_slots=3,
+                           compute_wgs=2, ping_pong=True, transpose_x=False),
+    "PP_n128s2e32x4a3noT": C(128, 128, 64, 2, epi_n=32, epi_slots=4,
+                             epi_ahead=3, compute_wgs=2, ping_pong=True,
+                             transpose_x=False),
+    "WS_n128s3e32noT": C(128, 128, 64, 3, epi_n=32, compute_wgs=2,
+                         transpose_x=False),
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 

@@ -19,6 +19,7 @@ from forge_jax._src.fold import hybrid_fold_adam
 from forge_jax._src.fold import scale_by_fold_adam
 from forge_jax._src.inplace_scan import inplace_scan
 from forge_jax._src.train_state import FusedTrainStep
+from forge_jax._src.train_state import SCAN_GPU_COMPILER_OPTIONS
 from forge_jax._src.train_state import TrainState
 from forge_jax._src.train_state import fused_kernel_paths
 from forge_jax._src.train_state import fused_step
@@ -54,6 +55,7 @@ __all__ = [
     "ForgeEmbed",
     "ForgeTransformation",
     "FusedTrainStep",
+    "SCAN_GPU_COMPILER_OPTIONS",
     "ScaleByAdamWState",
     "ScaleByLionState",
     "ScaleByMomentumState",

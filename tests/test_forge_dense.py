@@ -678,12 +678,16 @@ def test_compiler_options_reach_the_step_and_bad_ones_are_refused(rng):
     step.lower(state, x).compile()
   # Valid options (GPU ones are accepted and unused on the CPU) train alike.
   new = {}
-  for opts in (None, {"xla_gpu_enable_command_buffer": ""}):
+  for name, opts in [("default", None),
+                     ("no command buffer", {"xla_gpu_enable_command_buffer": ""}),
+                     ("scan", fj.SCAN_GPU_COMPILER_OPTIONS)]:
     state = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v),
                                  tx=optax.sgd(0.1))
-    new[opts is None] = fj.make_train_step(loss, compiler_options=opts)(state, x)[0]
-  np.testing.assert_array_equal(new[True].params["kernel"], new[False].params["kernel"])
-  assert not np.array_equal(new[True].params["kernel"], v["params"]["kernel"])
+    new[name] = fj.make_train_step(loss, compiler_options=opts)(state, x)[0]
+  for name in ("no command buffer", "scan"):
+    np.testing.assert_array_equal(new[name].params["kernel"],
+                                  new["default"].params["kernel"])
+  assert not np.array_equal(new["default"].params["kernel"], v["params"]["kernel"])
   # Inside a jit of the caller's the step is part of that computation: JAX
   # takes compiler options at the top level only, so they are not passed there.
   step = fj.make_train_step(
@@ -691,7 +695,7 @@ def test_compiler_options_reach_the_step_and_bad_ones_are_refused(rng):
   state = fj.TrainState.create(apply_fn=model.apply, variables=_copy(v),
                                tx=optax.sgd(0.1))
   inner = jax.jit(lambda st, b: step(st, b)[0])(state, x)
-  np.testing.assert_array_equal(inner.params["kernel"], new[True].params["kernel"])
+  np.testing.assert_array_equal(inner.params["kernel"], new["default"].params["kernel"])
 
 
 def test_user_mistakes_get_errors_that_name_what_to_pass(rng):

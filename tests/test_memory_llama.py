@@ -248,6 +248,8 @@ def test_compiler_options_are_parsed_as_jax_jit_takes_them():
   assert parse("xla_gpu_enable_command_buffer=FUSION,CUBLAS, b=1") == {
       "xla_gpu_enable_command_buffer": "FUSION,CUBLAS", "b": "1"}
   assert parse(" , ") == {}
+  import forge_jax as fj  # pylint: disable=g-import-not-at-top
+  assert parse(" scan ") == dict(fj.SCAN_GPU_COMPILER_OPTIONS)
   for bad in ("novalue", "=1", "a=1,=2", "novalue,a=1"):
     with pytest.raises(ValueError, match="is not name=value"):
       parse(bad)

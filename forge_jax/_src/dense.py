@@ -180,7 +180,15 @@ def _matmul(spec: _Spec, x, kernel):
   # copies of every layer to the start of the step: in the unrolled
   # Llama-3.1-8B step, 1.5 GiB of them were live at once at the peak
   # (docs/results.md, "Stop 20"). The barrier moves no data.
-  x, kernel = lax.optimization_barrier((x, kernel))
+  #
+  # Not for a stacked layer (a slice of its stack inside a loop, which
+  # nothing can hoist out of the loop): a barrier's operand is a buffer of
+  # its own, so XLA copied every slice out of its stack for the matmuls,
+  # 14 ms per step for Llama-3.1-8B's 7 kernels × 32 layers, forward and
+  # recomputed forward; without it, and with SCAN_GPU_COMPILER_OPTIONS, the
+  # gemms read the slices in place (docs/results.md, "Stop 36").
+  if spec.path not in spec.context.stacked:
+    x, kernel = lax.optimization_barrier((x, kernel))
   return lax.dot_general(
       x, kernel.astype(spec.compute_dtype), (((x.ndim - 1,), (0,)), ((), ())),
       precision=spec.precision)
