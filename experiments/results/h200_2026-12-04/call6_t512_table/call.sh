@@ -1,0 +1,3 @@
+# stop 36 call 6 (the machine still warm after call 5): T=512, this tree, the scanned 8B step,
+# forge-bf16 and optax, each under XLA's defaults and under fj.SCAN_GPU_COMPILER_OPTIONS.
+source devrun/env.sh; PYTHONPATH=. timeout 200 python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --implementation auto --steps 5 --pipelined 3 --layouts scan+remat --tokens 512 --optimizers forge-bf16,optax --compiler-options "" --compiler-options scan --timeout 60 --out $OUT > $OUT/t512_table.log 2>&1; echo "rc=$?" >> $OUT/t512_table.log; kill $SMI; grep "^| llama\|rc=\|^  llama" $OUT/t512_table.log | cut -c1-330
