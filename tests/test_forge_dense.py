@@ -685,8 +685,12 @@ def test_compiler_options_reach_the_step_and_bad_ones_are_refused(rng):
                                  tx=optax.sgd(0.1))
     new[name] = fj.make_train_step(loss, compiler_options=opts)(state, x)[0]
   for name in ("no command buffer", "scan"):
-    np.testing.assert_array_equal(new[name].params["kernel"],
-                                  new["default"].params["kernel"])
+    if jax.default_backend() == "cpu":  # the options are the GPU's
+      np.testing.assert_array_equal(new[name].params["kernel"],
+                                    new["default"].params["kernel"])
+    else:  # another gemm library may sum in another order
+      np.testing.assert_allclose(new[name].params["kernel"],
+                                 new["default"].params["kernel"], rtol=1e-5, atol=1e-6)
   assert not np.array_equal(new["default"].params["kernel"], v["params"]["kernel"])
   # Inside a jit of the caller's the step is part of that computation: JAX
   # takes compiler options at the top level only, so they are not passed there.

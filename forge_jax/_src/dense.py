@@ -181,12 +181,12 @@ def _matmul(spec: _Spec, x, kernel):
   # Llama-3.1-8B step, 1.5 GiB of them were live at once at the peak
   # (docs/results.md, "Stop 20"). The barrier moves no data.
   #
-  # Not for a stacked layer (a slice of its stack inside a loop, which
-  # nothing can hoist out of the loop): a barrier's operand is a buffer of
-  # its own, so XLA copied every slice out of its stack for the matmuls,
-  # 14 ms per step for Llama-3.1-8B's 7 kernels × 32 layers, forward and
-  # recomputed forward; without it, and with SCAN_GPU_COMPILER_OPTIONS, the
-  # gemms read the slices in place (docs/results.md, "Stop 36").
+  # Not for a stacked layer (scanned, or batched by nn.vmap): a barrier's
+  # operand is a buffer of its own, so each slice of a stack stays a copy
+  # even where the gemm could read it in place. Without the barrier, and
+  # with SCAN_GPU_COMPILER_OPTIONS (cuBLAS gemms, XLA's dynamic-slice
+  # fusion), the scanned Llama-3.1-8B step's 480 copies (14.3 ms at T=512)
+  # are gone; either change alone left them (docs/results.md, "Stop 36").
   if spec.path not in spec.context.stacked:
     x, kernel = lax.optimization_barrier((x, kernel))
   return lax.dot_general(

@@ -493,8 +493,8 @@ kernel in place from its stack (pass as ``make_train_step``'s
 With XLA's defaults the GPU step copies every layer's kernels out of their
 stacks for its matmuls (cuBLASLt and Triton gemms take no dynamic slice): 480
 device copies, 14.3 of 92.5 ms of kernel time, in the scanned Llama-3.1-8B
-step at T=512. With these options the gemms are cuBLAS calls, which XLA's
-dynamic-slice fusion points at the slice itself: no copies, and the fused
+step at T=512. With these options the loops' gemms are cuBLAS calls, which
+XLA's dynamic-slice fusion points at the slice itself: no copies, and the fused
 step took 81.1 ms against 93.6 with the defaults (H200, ``memory_llama``,
 ``docs/results.md``, "Stop 36"; ``optax.adamw``'s scanned step under the same
 options: 91.4 against 104.0). Measured together; which of the three matter
