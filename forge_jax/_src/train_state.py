@@ -481,24 +481,14 @@ class FusedTrainStep:
     return self.jitted._cache_size()  # pylint: disable=protected-access
 
 
+# XLA options under which a scanned model's matmuls read each layer's kernel
+# in place from its stack; documented in make_train_step's docstring (a
+# mapping has no docstring of its own).
 SCAN_GPU_COMPILER_OPTIONS = types.MappingProxyType({
     "xla_gpu_enable_dynamic_slice_fusion": True,
     "xla_gpu_enable_cublaslt": False,
     "xla_gpu_enable_triton_gemm": False,
 })
-"""XLA options under which a scanned model's matmuls read each layer's
-kernel in place from its stack (pass as ``make_train_step``'s
-``compiler_options``; GPU options, which other backends ignore).
-
-With XLA's defaults the GPU step copies every layer's kernels out of their
-stacks for its matmuls (cuBLASLt and Triton gemms take no dynamic slice): 480
-device copies, 14.3 of 92.5 ms of kernel time, in the scanned Llama-3.1-8B
-step at T=512. With these options the loops' gemms are cuBLAS calls, which
-XLA's dynamic-slice fusion points at the slice itself: no copies, and the fused
-step took 81.1 ms against 93.6 with the defaults (H200, ``memory_llama``,
-``docs/results.md``, "Stop 36"; ``optax.adamw``'s scanned step under the same
-options: 91.4 against 104.0). Measured together; which of the three matter
-alone was not. Unrolled layers have no slices to copy."""
 
 
 def make_train_step(
@@ -532,6 +522,18 @@ def make_train_step(
   or a bad value raises there. Called inside a jit, loop or vmap of yours,
   the step is part of your computation, compiled with your jit's options
   (JAX takes compiler options at the top level only).
+
+  ``compiler_options=fj.SCAN_GPU_COMPILER_OPTIONS`` is for models with
+  scanned layers on a GPU (GPU options, which other backends ignore). With
+  XLA's defaults the step copies every layer's kernels out of their stacks
+  for its matmuls (cuBLASLt and XLA's Triton gemms take no dynamic slice):
+  480 device copies, 14.3 of 93.9 ms of kernel time, in the scanned
+  Llama-3.1-8B step at T=512 (H200). Under these options the loops' gemms
+  are cuBLAS calls, which XLA's dynamic-slice fusion points at the slice
+  itself: no copies, 80.9 ms per step against 94.4 under the defaults
+  (``optax.adamw``'s scanned step, same run: 91.5 against 103.9;
+  ``docs/results.md``, "Stop 36"). The three options were measured
+  together, not one by one. Unrolled layers have no slices to copy.
 
   Raises:
     ValueError: if ``loss_fn`` is not callable, ``order_updates`` is not
