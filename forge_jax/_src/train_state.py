@@ -530,8 +530,8 @@ def make_train_step(
   480 device copies, 14.3 of 93.9 ms of kernel time, in the scanned
   Llama-3.1-8B step at T=512 (H200). Under these options the loops' gemms
   are cuBLAS calls, which XLA's dynamic-slice fusion points at the slice
-  itself: no copies, 80.9 ms per step against 94.4 under the defaults
-  (``optax.adamw``'s scanned step, same run: 91.5 against 103.9;
+  itself: those copies are gone, 80.9 ms per step against 94.4 under the
+  defaults (``optax.adamw``'s scanned step, same run: 91.5 against 103.9;
   ``docs/results.md``, "Stop 36"). The three options were measured
   together, not one by one. Unrolled layers have no slices to copy.
 
