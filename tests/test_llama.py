@@ -254,6 +254,16 @@ def test_only_unstacked_fused_layers_update_in_place(tiny, in_place_requests):
   assert not dense_lib.update_in_place(ctx, ("c",))
 
 
+def _sub_jaxprs(params):
+  """The jaxprs among an equation's params (a scan's, a while's body and
+  condition, a pjit's, a custom_vjp's, ...)."""
+  for p in params.values():
+    for q in (p if isinstance(p, (tuple, list)) else (p,)):
+      q = getattr(q, "jaxpr", q)
+      if hasattr(q, "eqns") and hasattr(q, "invars"):
+        yield q
+
+
 def _matmul_barriers(closed_jaxpr) -> tuple[int, int]:
   """(outside loops, inside loop bodies): optimization_barriers with a 2-D
   operand (a kernel) and an operand of higher rank (the layer's input), as
@@ -267,11 +277,8 @@ def _matmul_barriers(closed_jaxpr) -> tuple[int, int]:
         if 2 in ranks and max(ranks) > 2:
           counts[in_loop] += 1
       loop = in_loop or eqn.primitive.name in ("scan", "while")
-      for p in eqn.params.values():
-        for q in (p if isinstance(p, (tuple, list)) else (p,)):
-          q = getattr(q, "jaxpr", q)
-          if hasattr(q, "eqns"):
-            walk(q, loop)
+      for sub in _sub_jaxprs(eqn.params):
+        walk(sub, loop)
   walk(closed_jaxpr.jaxpr, False)
   return tuple(counts)
 
@@ -319,13 +326,6 @@ def _ordering_barriers(closed_jaxpr, batch_leaves: int) -> int:
   that depends on the batch, i.e. a layer's new kernel, not the old one: the
   ordering barrier placed after the update. The batch is the last
   ``batch_leaves`` inputs; a call's outputs depend on all of its inputs."""
-  def sub_jaxprs(params):
-    for p in params.values():
-      for q in (p if isinstance(p, (tuple, list)) else (p,)):
-        q = getattr(q, "jaxpr", q)
-        if hasattr(q, "eqns") and hasattr(q, "invars"):
-          yield q
-
   def walk(jaxpr, in_deps):
     deps = dict(zip(jaxpr.invars, in_deps))
     dep = lambda v: False if type(v).__name__ == "Literal" else deps.get(v, False)  # noqa: E731
@@ -345,7 +345,7 @@ def _ordering_barriers(closed_jaxpr, batch_leaves: int) -> int:
         assert not taken, f"new kernel taken from the ordering barrier: {eqn}"
         outs = ins
       else:
-        for sub in sub_jaxprs(eqn.params):
+        for sub in _sub_jaxprs(eqn.params):
           found += walk(sub, ins if len(sub.invars) == len(ins) else [any(ins)] * len(sub.invars))
         outs = [any(ins)] * len(eqn.outvars)
       deps.update(zip(eqn.outvars, outs))
