@@ -1,0 +1,2 @@
+# stop 37 call 4: xla_gpu_enable_triton_gemm=false alone, scanned T=512, forge-bf16 and optax.
+source devrun/env.sh; PYTHONPATH=. timeout 200 python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --implementation auto --steps 5 --pipelined 3 --timeout 110 --tokens 512 --layouts scan+remat --optimizers forge-bf16,optax --compiler-options xla_gpu_enable_triton_gemm=false --out $OUT/triton > $OUT/triton.log 2>&1; echo "rc=$?" >> $OUT/triton.log; kill $SMI; grep -h "^| llama\|rc=" $OUT/*.log | cut -c1-330

@@ -1,0 +1,4 @@
+# stop 37 call 5: the rows under xla_gpu_enable_triton_gemm=false alone: scanned T=2048
+# (forge-bf16, forge-int8, optax) and unrolled T=512 (optax; forge-bf16 ran past the script's
+# 110 s limit and was rerun in call 6).
+source devrun/env.sh; ML="python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --implementation auto --steps 5 --pipelined 3 --timeout 110 --compiler-options xla_gpu_enable_triton_gemm=false"; PYTHONPATH=. timeout 200 $ML --tokens 2048 --layouts scan+remat --optimizers forge-bf16,forge-int8,optax --out $OUT/s2048 > $OUT/s2048.log 2>&1; echo "rc=$?" >> $OUT/s2048.log; PYTHONPATH=. timeout 230 $ML --tokens 512 --layouts unrolled+remat --optimizers optax,forge-bf16 --out $OUT/u512 > $OUT/u512.log 2>&1; echo "rc=$?" >> $OUT/u512.log; kill $SMI; grep -h "^| llama\|rc=" $OUT/*.log | cut -c1-330

@@ -1,0 +1,2 @@
+# stop 37 call 6: call 5's unrolled T=512 forge-bf16 row with a longer limit.
+source devrun/env.sh; PYTHONPATH=. timeout 250 python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --implementation auto --steps 5 --pipelined 3 --timeout 220 --compiler-options xla_gpu_enable_triton_gemm=false --tokens 512 --layouts unrolled+remat --optimizers forge-bf16 --out $OUT/u512f > $OUT/u512f.log 2>&1; echo "rc=$?" >> $OUT/u512f.log; kill $SMI; grep -h "^| llama\|rc=" $OUT/*.log | cut -c1-330
