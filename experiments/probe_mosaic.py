@@ -126,19 +126,6 @@ CONFIGS = {
                              transpose_x=False),
     "WS_n128s3e32noT": C(128, 128, 64, 3, epi_n=32, compute_wgs=2,
                          transpose_x=False),
-    # stop 37: one token-loop warpgroup, two epilogue warpgroups (a 64-row
-    # half of each tile each), the accumulator handed over in shared memory
-    "SPLIT_s3e32": C(128, 128, 64, 3, epi_n=32, split_epilogue=True),
-    "SPLIT_s3e32noT": C(128, 128, 64, 3, epi_n=32, split_epilogue=True,
-                        transpose_x=False),
-    "SPLIT_s2e32noT": C(128, 128, 64, 2, epi_n=32, split_epilogue=True,
-                        transpose_x=False),
-    "SPLIT_s3e16noT": C(128, 128, 64, 3, epi_n=16, split_epilogue=True,
-                        transpose_x=False),
-    "SPLIT_s2e64noT": C(128, 128, 64, 2, split_epilogue=True,
-                        transpose_x=False),
-    "SPLIT_s2e32x3noT": C(128, 128, 64, 2, epi_n=32, epi_slots=3,
-                          split_epilogue=True, transpose_x=False),
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
@@ -157,8 +144,7 @@ def main(argv=None):
                  help="comma-separated names: m<block_m>n<block_n>t<block_t>"
                  "s<stages>, x3 = 3 epilogue slots, e<N> = epilogue sub-tile "
                  "width, noT = transpose_x=False, WS_* = warp-specialized "
-                 "(compute_wgs=2), PP_* = ping-pong, SPLIT_* = split_epilogue; "
-                 "those and noT are "
+                 "(compute_wgs=2), PP_* = ping-pong; those and noT are "
                  "GPU-only")
   p.add_argument("--reps", type=int, default=20, help="timed ops per variant "
                  "(per round with --chain)")

@@ -248,13 +248,6 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
     (dict(ping_pong=1, compute_wgs=2), "ping_pong=1 must be a bool"),
     (dict(ping_pong=True, compute_wgs=2, max_concurrent_steps=1),
      "max_concurrent_steps >= 2"),
-    (dict(split_epilogue=1), "split_epilogue=1 must be a bool"),
-    (dict(split_epilogue=True, compute_wgs=2), "split_epilogue=True needs"),
-    (dict(split_epilogue=True, block_m=64), "block_m=128"),
-    (dict(split_epilogue=True, epi_m=128), "epi_m=64"),
-    (dict(split_epilogue=True, early_epilogue=True), "early_epilogue=False"),
-    (dict(split_epilogue=True, max_concurrent_steps=1),
-     "split_epilogue=True needs max_concurrent_steps >= 2"),
 ])
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -485,112 +478,6 @@ def test_ping_pong_tiles_and_refusals(rng):
   with pytest.raises(ValueError, match="interpret"):
     fused_dw_update(*_inputs(rng, rules.ADAMW, 128, 128, 320),
                     rule=rules.ADAMW, implementation="mosaic", config=pp,
-                    interpret=True)
-
-
-# The split-epilogue layout (split_epilogue=True): one token-loop warpgroup
-# hands each tile's accumulator to two epilogue warpgroups through shared
-# memory. GPU-only like the other warp-specialized layouts; the CPU checks
-# its lowering and its refusals.
-SPLIT_CONFIGS = [
-    # 2 CTAs over 6 tiles of (128, 128): 3 each, so the accumulator buffer
-    # changes hands three times per CTA; 3 token steps per tile through a
-    # ring of 3 stages; 4 sub-tiles of 64×32 per epilogue warpgroup.
-    MosaicConfig(max_concurrent_steps=3, epi_n=32, split_epilogue=True,
-                 num_ctas=2),
-    # 4 CTAs over 6 tiles (2, 2, 1, 1), x through a transposed view, 2 token
-    # steps against 2 stages, 8 sub-tiles of 64×16, 3 of them loading at once.
-    MosaicConfig(max_concurrent_steps=2, epi_n=16, epi_slots=3, epi_ahead=3,
-                 split_epilogue=True, transpose_x=False, num_ctas=4),
-]
-SPLIT_SHAPES = [(192, 256, 384), (128, 384, 256)]  # (T, in, out) per config
-
-
-@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
-                    "CPU test below checks the lowering)")
-@pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("which,rule,state_dtype", [
-    (0, rules.ADAMW, jnp.bfloat16), (1, rules.ADAMW, jnp.float32),
-    (1, rules.LION, jnp.float32), (1, rules.ADAMW, jnp.bfloat16)],
-    ids=["e32-adamw-bf16", "noT-e16-adamw-fp32", "noT-e16-lion-fp32",
-         "noT-e16-adamw-bf16"])
-def test_split_epilogue_kernel(rng, which, rule, state_dtype, in_place):
-  args = _inputs(rng, rule, *SPLIT_SHAPES[which], w_dtype=state_dtype,
-                 state_dtype=state_dtype)
-  want = fused_dw_update_reference(*args, rule=rule)
-  got = jax.jit(lambda *a: fused_dw_update(
-      *a, rule=rule, implementation="mosaic", config=SPLIT_CONFIGS[which],
-      in_place=in_place), donate_argnums=(2, 3))(*args)
-  _check(got, want, 2e-6 if state_dtype == jnp.float32 else 2 ** -8)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
-                    "CPU test below checks the lowering)")
-@pytest.mark.parametrize("which", [0, 1], ids=["e32", "noT-e16"])
-def test_split_epilogue_stochastic_rounding(rng, which):
-  # bf16 W rounded stochastically: the bits come from each element's global
-  # index, which the epilogue warpgroups build from their half's origin.
-  args = _inputs(rng, rules.ADAMW, *SPLIT_SHAPES[which], w_dtype=jnp.bfloat16,
-                 state_dtype=jnp.bfloat16)
-  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5), index_offset=(7, 3),
-            index_width=700)
-  got = _run_kw(args, SPLIT_CONFIGS[which], kw)
-  want = fused_dw_update_reference(*args, **kw)
-  assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
-  _check(got, want, 2 ** -8)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
-                    "CPU test below checks the lowering)")
-def test_split_epilogue_int8_states(rng):
-  config = dataclasses.replace(SPLIT_CONFIGS[1], epi_n=64, epi_slots=2,
-                               epi_ahead=2)  # int8: 64-column sub-tiles
-  args = _inputs(rng, rules.ADAMW, *SPLIT_SHAPES[1], w_dtype=jnp.bfloat16)
-  args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
-  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5))
-  got = _run_kw(args, config, kw)
-  want = fused_dw_update_reference(*args, **kw)
-  assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
-  _check_int8((got[0].astype(jnp.float32), got[1]),
-              (want[0].astype(jnp.float32), want[1]), 2 ** -8)
-
-
-@pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("which", [0, 1], ids=["e32", "noT-e16"])
-def test_split_epilogue_kernel_lowers_for_cuda(rng, which, in_place):
-  args = _inputs(rng, rules.ADAMW, *SPLIT_SHAPES[which], w_dtype=jnp.bfloat16,
-                 state_dtype=jnp.bfloat16)
-  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
-      *a, rule=rules.ADAMW, config=SPLIT_CONFIGS[which], interpret=False,
-      in_place=in_place))
-  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  call = text[text.index("custom_call @mosaic_gpu"):].split("\n")[0]
-  assert ("output_operand_aliases" in call) == in_place
-
-
-def test_split_epilogue_refusals(rng):
-  sds = jax.ShapeDtypeStruct
-  x, dy = sds((512, 4096), jnp.bfloat16), sds((512, 14336), jnp.bfloat16)
-  # The accumulator (64 KiB) and two warpgroups' epilogue buffers beside the
-  # ring: fp32 W and moments fit with 64×16 sub-tiles, not with 64×32.
-  w32 = sds((4096, 14336), jnp.float32)
-  e32 = SPLIT_CONFIGS[0]
-  reason = kernel_mosaic.unsupported_reason(x, dy, w32, (w32, w32),
-                                            rules.ADAMW, None, e32)
-  assert reason and "shared memory" in reason
-  assert kernel_mosaic.unsupported_reason(
-      x, dy, w32, (w32, w32), rules.ADAMW, None,
-      dataclasses.replace(e32, epi_n=16)) is None
-  w16 = sds((4096, 14336), jnp.bfloat16)
-  assert kernel_mosaic.unsupported_reason(x, dy, w16, (w16, w16), rules.ADAMW,
-                                          None, e32) is None
-  # Its tiles are (128, block_n): in must divide by 128.
-  assert "block_m" in kernel_mosaic.unsupported_reason(
-      sds((512, 192), jnp.bfloat16), dy, sds((192, 14336), jnp.bfloat16),
-      (sds((192, 14336), jnp.bfloat16),) * 2, rules.ADAMW, None, e32)
-  with pytest.raises(ValueError, match="interpret"):
-    fused_dw_update(*_inputs(rng, rules.ADAMW, *SPLIT_SHAPES[0]),
-                    rule=rules.ADAMW, implementation="mosaic", config=e32,
                     interpret=True)
 
 

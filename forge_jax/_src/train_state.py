@@ -485,8 +485,6 @@ class FusedTrainStep:
 # in place from its stack; documented in make_train_step's docstring (a
 # mapping has no docstring of its own).
 SCAN_GPU_COMPILER_OPTIONS = types.MappingProxyType({
-    "xla_gpu_enable_dynamic_slice_fusion": True,
-    "xla_gpu_enable_cublaslt": False,
     "xla_gpu_enable_triton_gemm": False,
 })
 
@@ -524,16 +522,19 @@ def make_train_step(
   (JAX takes compiler options at the top level only).
 
   ``compiler_options=fj.SCAN_GPU_COMPILER_OPTIONS`` is for models with
-  scanned layers on a GPU (GPU options, which other backends ignore). With
-  XLA's defaults the step copies every layer's kernels out of their stacks
-  for its matmuls (cuBLASLt and XLA's Triton gemms take no dynamic slice):
-  480 device copies, 14.3 of 93.9 ms of kernel time, in the scanned
-  Llama-3.1-8B step at T=512 (H200). Under these options the loops' gemms
-  are cuBLAS calls, which XLA's dynamic-slice fusion points at the slice
-  itself: those copies are gone, 80.9 ms per step against 94.4 under the
-  defaults (``optax.adamw``'s scanned step, same run: 91.5 against 103.9;
-  ``docs/results.md``, "Stop 36"). The three options were measured
-  together, not one by one. Unrolled layers have no slices to copy.
+  scanned layers on a GPU: ``{"xla_gpu_enable_triton_gemm": False}`` (a GPU
+  option, which other backends ignore). With XLA's defaults the step copies
+  every layer's kernels out of their stacks for its matmuls: 480 device
+  copies, 14.3 of 93.9 ms of kernel time, in the scanned Llama-3.1-8B step
+  at T=512 (H200; ``docs/results.md``, "Stop 36"). With XLA's Triton gemms
+  off, the loops' gemms read the slices where they are: 80.6 ms per step
+  against 94.4 under the defaults, temp 0.39 against 0.63 GiB
+  (``optax.adamw``'s scanned step under this option 91.0, under the
+  defaults 103.9; "Stop 37"). Stop 36's three options (this one, XLA's
+  dynamic-slice fusion on and cuBLASLt off) gave the same step time, temp
+  and counts of fusions and library calls; the pair of them without this
+  one took 94.3 ms, as the defaults do, and the two pairs with it 81.0 and
+  80.9. Unrolled layers have no slices to copy.
 
   Raises:
     ValueError: if ``loss_fn`` is not callable, ``order_updates`` is not

@@ -181,16 +181,8 @@ class MosaicConfig:
       CUTLASS's ping-pong schedule (``_kernel_pp``). False: they split a
       (block_m, 2·block_n) tile and run the token loop and the epilogue at
       the same time ("cooperative").
-    num_ctas: CTAs of the persistent grid (compute_wgs=2 or
-      split_epilogue); default the device's multiprocessor count.
-    split_epilogue: with compute_wgs=1: persistent, four warpgroups per CTA
-      (``_kernel_split``). One runs every tile's token loop and hands its
-      fp32 accumulator to the next two through shared memory; each of those
-      applies the rule to half of the tile's rows while the first runs the
-      next tile's token loop; the fourth issues the token loop's TMA loads.
-      For short token loops, where one warpgroup's epilogue takes several
-      times its token loop (T=512). Needs block_m=128 (one 64-row half per
-      epilogue warpgroup) and epi_m=64.
+    num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
+      device's multiprocessor count.
   """
 
   block_m: int = 128
@@ -207,7 +199,6 @@ class MosaicConfig:
   compute_wgs: int = 1
   ping_pong: bool = False
   num_ctas: int | None = None
-  split_epilogue: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_t", "max_concurrent_steps",
@@ -219,8 +210,7 @@ class MosaicConfig:
     if self.num_ctas is not None and (not isinstance(self.num_ctas, int)
                                       or isinstance(self.num_ctas, bool)):
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas!r} must be an int or None")
-    for name in ("early_epilogue", "transpose_x", "ping_pong",
-                 "split_epilogue"):
+    for name in ("early_epilogue", "transpose_x", "ping_pong"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"MosaicConfig.{name}={getattr(self, name)!r} must be a bool")
     if self.block_m not in (64, 128):
@@ -240,17 +230,6 @@ class MosaicConfig:
       # would wait for itself.
       raise ValueError("MosaicConfig.ping_pong=True needs max_concurrent_steps "
                        f">= 2; got {self.max_concurrent_steps}")
-    if self.split_epilogue and (self.compute_wgs != 1 or self.block_m != 128
-                                or self.epi_m != 64 or self.early_epilogue):
-      raise ValueError(
-          "MosaicConfig.split_epilogue=True needs compute_wgs=1, block_m=128, "
-          "epi_m=64 and early_epilogue=False (one token-loop warpgroup, two "
-          "epilogue warpgroups of 64 rows each); got compute_wgs="
-          f"{self.compute_wgs}, block_m={self.block_m}, epi_m={self.epi_m}, "
-          f"early_epilogue={self.early_epilogue}")
-    if self.split_epilogue and self.max_concurrent_steps < 2:
-      raise ValueError("MosaicConfig.split_epilogue=True needs "
-                       f"max_concurrent_steps >= 2; got {self.max_concurrent_steps}")
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
     if self.epi_slots not in (2, 3, 4):
@@ -407,9 +386,6 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
   slack = SMEM_SLACK if num_scale_arrays or fold_block > 1 else SMEM_SLACK_TILES
-  if config.split_epilogue:  # two epilogue warpgroups, the fp32 accumulator
-    return (stages + 2 * config.epi_slots * per_slot
-            + config.block_m * cta_n * 4 + slack)
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue + slack
   return max(stages, epilogue) + slack
@@ -494,16 +470,11 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
     what = "block_n" if cta_n == config.block_n else "block_n·compute_wgs"
     return (f"T, in, out = {t}, {d_in}, {d_out} must divide by block_t, "
             f"block_m, {what} = {config.block_t}, {config.block_m}, {cta_n}")
-  if interpret and config.split_epilogue:
-    return ("split_epilogue=True is not run in interpret mode (warp-"
-            "specialized, like compute_wgs=2; it is tested compiled on the GPU)")
   n_arr = len(_layout(state, fold).is_scale)  # W, each state, each scale row
-  barriers = (2 if config.split_epilogue else config.compute_wgs
-              ) * config.epi_slots * n_arr
+  barriers = config.compute_wgs * config.epi_slots * n_arr
   if barriers > MAX_BARRIERS:
     return (f"the epilogue needs {barriers} barriers in one allocation "
-            "(epilogue warpgroups × epi_slots × arrays = "
-            f"{barriers // (config.epi_slots * n_arr)} "
+            f"(compute warpgroups × epi_slots × arrays = {config.compute_wgs} "
             f"× {config.epi_slots} × {n_arr}), more than the {MAX_BARRIERS} "
             "Mosaic GPU allocates at once (fewer epi_slots)")
   if config.ping_pong and 2 * config.max_concurrent_steps > MAX_BARRIERS:
@@ -842,7 +813,7 @@ def _read_scalars(scalars, where: str):
 
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
               out_refs, slot_ref, barrier, load_sub, origin,
-              layout: _Layout, acc_in_smem: bool = False):
+              layout: _Layout):
   """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
 
   The first ``config.epi_ahead`` sub-tiles must already be loading; ``slot_ref(buf,
@@ -851,8 +822,6 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   ``origin(s)`` is the (row, col) in W of its first element. An int8
   state's codes travel like W; its scales (transposed, (blocks, in)) arrive
   as one (1, epi_m) row by TMA and leave by plain stores of that row.
-  ``acc`` is the fp32 accumulator, or with ``acc_in_smem`` a shared-memory
-  ref holding it, whose sub-tiles are loaded in the accumulator's layout.
   Returns with the stores issued; the caller waits for them.
   """
   em, en = config.epi_m, config.epi_n
@@ -884,8 +853,6 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
                                                 entry[2])
       state.append(values)
     grad = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
-    if acc_in_smem:  # loaded from shared memory in the accumulator's layout
-      grad = plgpu.layout_cast(grad, plgpu.Layout.WGMMA)
     new_w, new_state = _rule_in_kernel(
         split, scalars, grad, w, tuple(state),
         index_tiles=_index_tiles(split, (em, en), (row0, col0)))
@@ -1028,7 +995,7 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
               barrier=lambda a, s: barriers.at[slots * a + s % slots],
               load_sub=functools.partial(load_sub, bufs, barriers),
               origin=origin, layout=layout)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=FINAL_WAIT_READ_ONLY)
+    plgpu.wait_smem_to_gmem(0)
 
   scratch = dict(
       bufs=_epilogue_buffers(in_refs, layout, config),
@@ -1134,7 +1101,7 @@ def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       bufs=_epilogue_buffers(in_refs, layout, config, lead=(2,)),
       barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
       collective_axes="wg")
-  plgpu.wait_smem_to_gmem(0, wait_read_only=FINAL_WAIT_READ_ONLY)
+  plgpu.wait_smem_to_gmem(0)
 
 
 def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
@@ -1256,7 +1223,7 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         return carry
       lax.fori_loop(0, (local - wg + 1) // 2, tile_body, None)
-      plgpu.wait_smem_to_gmem(0, wait_read_only=FINAL_WAIT_READ_ONLY)
+      plgpu.wait_smem_to_gmem(0)
 
   pl.run_scoped(
       scope,
@@ -1271,169 +1238,6 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       collective_axes="wg")
 
 
-def _kernel_split(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig,
-                  split, layout: _Layout, in_place: bool):
-  """split_epilogue: persistent; a token-loop warpgroup, two epilogue
-  warpgroups and a memory warpgroup per CTA.
-
-  Each CTA walks its share of the (block_m, block_n) tiles (tiles c, c + G,
-  ... of the grouped order, G CTAs). The memory warpgroup (3) streams their
-  x and dY blocks through a ring of ``max_concurrent_steps`` stages.
-  Warpgroup 0 runs each tile's token loop, waits until the previous tile's
-  accumulator has been read, and stores its fp32 accumulator to shared
-  memory. Warpgroups 1 and 2 each apply the rule to one 64-row half of that
-  accumulator (their own epilogue buffers and barriers), loading the first
-  W and state sub-tiles of their half before it is ready. So the token loop
-  of tile j + 1 runs while tile j's two halves are updated: the rule, which
-  at T=512 takes about three times a tile's token loop in one warpgroup
-  (stop 28's trace), has two warpgroups."""
-  n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
-      x_ref, dy_ref, refs, config, layout, in_place)
-  bm, bn, bt = config.block_m, config.block_n, config.block_t
-  em, en = config.epi_m, config.epi_n
-  num_m, num_n = d_in // bm, d_out // bn
-  num_tiles, steps = num_m * num_n, t // bt
-  depth = config.max_concurrent_steps
-  slots = config.epi_slots
-  x_block = (bm, bt) if config.transpose_x else (bt, bm)
-  half = bm // 2  # rows per epilogue warpgroup (= em, checked by MosaicConfig)
-  half_subs = [(0, j) for j in range(bn // en)]
-
-  def scope(x_smem, dy_smem, produced, consumed, acc_smem, acc_full,
-            acc_empty, bufs, barriers):
-    wg = lax.axis_index("wg")
-    cta = lax.axis_index("cta")
-    ctas = lax.axis_size("cta")
-    local = (num_tiles - cta + ctas - 1) // ctas  # this CTA's tiles
-
-    def tile(j):  # (row, column) of this CTA's j-th tile
-      return tiling.grouped_tile(cta + j * ctas, num_m, num_n, config.group_m)
-
-    @pl.when(wg == 3)
-    def _memory():
-      plgpu.set_max_registers(_MEMORY_REGISTERS, action="decrease")
-
-      def tile_loads(j, carry):
-        m_i, n_i = tile(j)
-
-        def step(k, carry):
-          g = j * steps + k
-          slot = lax.rem(g, depth)
-
-          @pl.when(g >= depth)
-          def _():
-            plgpu.barrier_wait(consumed.at[slot])
-          src = (x_ref.at[pl.ds(m_i * bm, bm), pl.ds(k * bt, bt)]
-                 if config.transpose_x else
-                 x_ref.at[pl.ds(k * bt, bt), pl.ds(m_i * bm, bm)])
-          plgpu.copy_gmem_to_smem(src, x_smem.at[slot], produced.at[slot])
-          plgpu.copy_gmem_to_smem(
-              dy_ref.at[pl.ds(k * bt, bt), pl.ds(n_i * bn, bn)],
-              dy_smem.at[slot], produced.at[slot])
-          return carry
-        return lax.fori_loop(0, steps, step, carry)
-      lax.fori_loop(0, local, tile_loads, None)
-
-      total = local * steps  # every release waited for before smem goes
-      def drain(g, carry):
-        plgpu.barrier_wait(consumed.at[lax.rem(g, depth)])
-        return carry
-      lax.fori_loop(jnp.maximum(total - depth, 0), total, drain, None)
-
-    @pl.when(wg == 0)
-    def _token_loops():
-      plgpu.set_max_registers(_SPLIT_MMA_REGISTERS, action="increase")
-
-      def tile_body(j, carry):
-        def acc_scope(acc_ref):
-          def step(k, carry):
-            g = j * steps + k
-            slot = lax.rem(g, depth)
-            plgpu.barrier_wait(produced.at[slot])
-            a = (x_smem.at[slot] if config.transpose_x
-                 else x_smem.at[slot].transpose((1, 0)))
-            plgpu.wgmma(acc_ref, a, dy_smem.at[slot])
-            plgpu.wgmma_wait(1)  # the previous step's wgmma is done: release it
-
-            @pl.when(k > 0)
-            def _():
-              plgpu.barrier_arrive(consumed.at[lax.rem(g - 1, depth)])
-            return carry
-          lax.fori_loop(0, steps, step, None)
-          plgpu.wgmma_wait(0)
-          plgpu.barrier_arrive(consumed.at[lax.rem(j * steps + steps - 1, depth)])
-          return acc_ref[...]
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
-
-        @pl.when(j > 0)
-        def _():
-          plgpu.barrier_wait(acc_empty)  # tile j - 1's halves have been read
-        for e in range(2):
-          acc_smem[e] = acc[e * half:(e + 1) * half]
-        plgpu.barrier_arrive(acc_full)
-        return carry
-      lax.fori_loop(0, local, tile_body, None)
-
-    def epilogue_wg(e):
-      plgpu.set_max_registers(_SPLIT_EPILOGUE_REGISTERS, action="increase")
-
-      def barrier(a, s):
-        return barriers.at[(e * n_arr + a) * slots + s % slots]
-
-      def tile_body(j, carry):
-        m_i, n_i = tile(j)
-
-        def origin(s):
-          return (m_i * bm + e * half + half_subs[s][0] * em,
-                  n_i * bn + half_subs[s][1] * en)
-
-        def load_sub(s):
-          for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-            src = _sub_window(ref, origin(s), config, layout, a)
-            plgpu.copy_gmem_to_smem(src, buf.at[e, s % slots], barrier(a, s))
-
-        for s in range(min(config.epi_ahead, len(half_subs))):
-          load_sub(s)  # before the accumulator is ready
-        plgpu.barrier_wait(acc_full)
-        _epilogue(acc_smem.at[e], subs=half_subs, config=config, split=split,
-                  scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
-                  slot_ref=lambda buf, slot: buf.at[e, slot], barrier=barrier,
-                  load_sub=load_sub, origin=origin, layout=layout,
-                  acc_in_smem=True)
-        plgpu.barrier_arrive(acc_empty)
-        # The next tile's first loads reuse these buffers.
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        return carry
-      lax.fori_loop(0, local, tile_body, None)
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-    for e in range(2):
-      pl.when(wg == e + 1)(functools.partial(epilogue_wg, e))
-
-  pl.run_scoped(
-      scope,
-      x_smem=plgpu.SMEM((depth, *x_block), x_ref.dtype,
-                        transforms=_smem_transforms(x_block[1], x_ref.dtype)),
-      dy_smem=plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
-                         transforms=_smem_transforms(bn, dy_ref.dtype)),
-      produced=plgpu.Barrier(num_arrivals=2, num_barriers=depth),
-      consumed=plgpu.Barrier(num_barriers=depth),
-      acc_smem=plgpu.SMEM((2, half, bn), jnp.float32,
-                          transforms=_smem_transforms(en, jnp.float32)),
-      acc_full=plgpu.Barrier(num_barriers=1),
-      acc_empty=plgpu.Barrier(num_arrivals=2, num_barriers=1),
-      bufs=_epilogue_buffers(in_refs, layout, config, lead=(2,)),
-      barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
-      collective_axes="wg")
-
-
-FINAL_WAIT_READ_ONLY = False
-"""Experiment switch (stop 37): whether a CTA's last wait on its epilogue's
-TMA stores waits only until they have read shared memory (as CUTLASS's
-epilogues do; the writes land by the kernel's end) instead of until they
-are written. Set before the kernel is traced."""
-
-
 _MEMORY_REGISTERS = 40
 """Registers per thread of a warp-specialized kernel's memory warpgroup (the
 value ``emit_pipeline_warp_specialized``'s documentation gives for H100)."""
@@ -1441,12 +1245,6 @@ _COMPUTE_REGISTERS = (512 - _MEMORY_REGISTERS) // 2 // 8 * 8
 """Per thread of each of the ping-pong kernel's two compute warpgroups: the
 rest of the 64K-register file (512 per thread of one warpgroup), rounded
 down to a multiple of 8 (232)."""
-_SPLIT_MMA_REGISTERS = 168
-"""Per thread of the split-epilogue kernel's token-loop warpgroup (its
-128×128 fp32 accumulator takes 128)."""
-_SPLIT_EPILOGUE_REGISTERS = (
-    512 - _MEMORY_REGISTERS - _SPLIT_MMA_REGISTERS) // 2 // 8 * 8
-"""Per thread of each of its two epilogue warpgroups: the rest (152)."""
 
 
 _PROFILE: dict = {}
@@ -1566,13 +1364,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   params = plgpu.CompilerParams(
       lowering_semantics=plgpu.LoweringSemantics.Warpgroup, **_PROFILE)
   operands = (x.T if config.transpose_x else x, dy, scalars)
-  if config.split_epilogue:
-    ctas = config.num_ctas or num_sms()
-    body = functools.partial(_kernel_split, config=config, split=split,
-                             layout=layout)
-    mesh = dict(grid=(max(1, min(ctas, num_tiles)),), grid_names=("cta",),
-                num_threads=4, thread_name="wg")
-  elif config.compute_wgs == 1:
+  if config.compute_wgs == 1:
     body = functools.partial(_kernel, config=config, split=split,
                              layout=layout, grid_axis="tile")
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
