@@ -290,7 +290,10 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   ``compiler_options``: XLA options for compiling the step, both optimizers
   alike (:func:`parse_compiler_options`; '' for none), e.g.
   ``'xla_gpu_enable_command_buffer='``: ``jax.jit``'s
-  ``compiler_options``, as ``fj.make_train_step`` passes them on.
+  ``compiler_options``, as ``fj.make_train_step`` passes them on. The row
+  keeps them as given (``compiler_options``) and as passed to XLA
+  (``xla_options``, with 'scan' expanded: its meaning changed in stop 37,
+  from three options to one).
   """
   if not isinstance(pipelined, int) or pipelined < 0:
     raise ValueError(f"pipelined={pipelined!r} must be an int >= 0 (0: no "
@@ -393,8 +396,9 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   # Peak and loss as of the timed steps (the profiled one comes after).
   peak, loss = peak_bytes(), losses[-1]
   extra = dict(init_how, hlo=hlo)
-  if xla_options:
+  if xla_options:  # as given ('scan') and as XLA got them (since stop 37)
     extra["compiler_options"] = compiler_options
+    extra["xla_options"] = dict(xla_options)
   if layers:
     extra["n_layers"] = layers
   if movement:  # after the timed steps, before a profiled one

@@ -269,6 +269,18 @@ def test_compiler_options_reach_both_optimizers_steps(optimizer):
                          layers=1, compiler_options="xla_gpu_enable_dynamic_slice_fusion=maybe")
 
 
+def test_rows_record_the_options_xla_got():
+  # 'scan' is a label whose meaning changed (stop 37): the row keeps both.
+  import forge_jax as fj  # pylint: disable=g-import-not-at-top
+  row = memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", steps=1,
+                             layers=1, pipelined=0, compiler_options="scan")
+  assert row["compiler_options"] == "scan"
+  assert row["xla_options"] == dict(fj.SCAN_GPU_COMPILER_OPTIONS)
+  plain = memory_llama.run_one("cpu-tiny", 16, "optax", "unrolled", steps=1,
+                               layers=1, pipelined=0)
+  assert "xla_options" not in plain and "compiler_options" not in plain
+
+
 def test_compiler_option_sets_reach_the_variant_processes(tmp_path):
   # Each set runs as its own child process (--one): the bad set's row fails
   # naming the option, the good one's row succeeds and records its set.

@@ -184,10 +184,11 @@ def _matmul(spec: _Spec, x, kernel):
   # Not for a stacked layer (scanned, or batched by nn.vmap): a barrier's
   # operand is a buffer of its own, so each slice of a stack stays a copy
   # even where the gemm could read it in place. Without the barrier, and
-  # with SCAN_GPU_COMPILER_OPTIONS (XLA's Triton gemms off), the scanned
-  # Llama-3.1-8B step's 480 copies (14.3 ms at T=512) are gone. Without the
-  # barrier under XLA's defaults the copies stayed, and so did they with the
-  # barrier under stop 36's options, Triton gemms off among them
+  # with stop 36's three XLA options, the scanned Llama-3.1-8B step's 480
+  # copies (14.3 ms at T=512) were gone (profiled); SCAN_GPU_COMPILER_OPTIONS,
+  # now XLA's Triton gemms off alone, gives that step's time and temp (stop
+  # 37, not profiled). Without the barrier under XLA's defaults the copies
+  # stayed, and so did they with the barrier under the three options
   # (docs/results.md, "Stops 36 and 37").
   if spec.path not in spec.context.stacked:
     x, kernel = lax.optimization_barrier((x, kernel))

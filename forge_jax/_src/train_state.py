@@ -481,8 +481,8 @@ class FusedTrainStep:
     return self.jitted._cache_size()  # pylint: disable=protected-access
 
 
-# XLA options under which a scanned model's matmuls read each layer's kernel
-# in place from its stack; documented in make_train_step's docstring (a
+# The XLA option for scanned models on a GPU (their steps then make no copies
+# of the layers' kernels); documented in make_train_step's docstring (a
 # mapping has no docstring of its own).
 SCAN_GPU_COMPILER_OPTIONS = types.MappingProxyType({
     "xla_gpu_enable_triton_gemm": False,
@@ -526,15 +526,17 @@ def make_train_step(
   option, which other backends ignore). With XLA's defaults the step copies
   every layer's kernels out of their stacks for its matmuls: 480 device
   copies, 14.3 of 93.9 ms of kernel time, in the scanned Llama-3.1-8B step
-  at T=512 (H200; ``docs/results.md``, "Stop 36"). With XLA's Triton gemms
-  off, the loops' gemms read the slices where they are: 80.6 ms per step
-  against 94.4 under the defaults, temp 0.39 against 0.63 GiB
-  (``optax.adamw``'s scanned step under this option 91.0, under the
-  defaults 103.9; "Stop 37"). Stop 36's three options (this one, XLA's
-  dynamic-slice fusion on and cuBLASLt off) gave the same step time, temp
-  and counts of fusions and library calls; the pair of them without this
-  one took 94.3 ms, as the defaults do, and the two pairs with it 81.0 and
-  80.9. Unrolled layers have no slices to copy.
+  at T=512 (H200; ``docs/results.md``, "Stop 36"). Stop 36's three options
+  (this one, XLA's dynamic-slice fusion on and cuBLASLt off) removed them
+  (profiled): 80.9 ms per step against 94.4, temp 0.39 against 0.63 GiB.
+  XLA's Triton gemms off alone gives the same step time, temp and HLO
+  counts of fusions and cuBLASLt calls (80.6 ms, 0.39 GiB; not profiled);
+  the pair of the three without it took 94.3 ms, as the defaults do, and
+  the two pairs with it 81.0 and 80.9 (``optax.adamw``'s scanned step: 91.0
+  under this option, 103.9 under the defaults; "Stops 36 and 37"). Not the
+  default: it takes XLA's Triton gemms out of the whole step (every gemm,
+  not only the loops'), and it was measured on this model only. Unrolled
+  layers have no slices to copy.
 
   Raises:
     ValueError: if ``loss_fn`` is not callable, ``order_updates`` is not
