@@ -481,9 +481,8 @@ class FusedTrainStep:
     return self.jitted._cache_size()  # pylint: disable=protected-access
 
 
-# The XLA option for scanned models on a GPU (their steps then make no copies
-# of the layers' kernels); documented in make_train_step's docstring (a
-# mapping has no docstring of its own).
+# The XLA option for scanned models on a GPU; documented in make_train_step's
+# docstring (a mapping has no docstring of its own).
 SCAN_GPU_COMPILER_OPTIONS = types.MappingProxyType({
     "xla_gpu_enable_triton_gemm": False,
 })
