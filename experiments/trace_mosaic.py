@@ -134,6 +134,76 @@ def summarize(trace: dict, traces_per_block: int, compute_wgs: int) -> dict:
       "ctas": len(per["period"])}
 
 
+def _union(spans):
+  """The (begin, end) list ``spans`` merged into disjoint, sorted spans."""
+  out = []
+  for b, e in sorted(spans):
+    if out and b <= out[-1][1]:
+      out[-1] = (out[-1][0], max(out[-1][1], e))
+    else:
+      out.append((b, e))
+  return out
+
+
+def per_sm(trace: dict, clock_ghz: float) -> dict:
+  """How the CTAs that share a multiprocessor overlap (one-warpgroup tiles:
+  one CTA per tile, several resident per multiprocessor).
+
+  Mosaic GPU's profiler gives each CTA's events as its start time (the
+  global timer, ns) plus SM cycles since its first event; both are in the
+  trace's ``ts`` divided by 1e3 and its ``pid`` is 1 + the multiprocessor's
+  id. Each CTA's events are put on one time axis as ``ts0 + (ts - ts0) /
+  clock_ghz`` (µs; ts0: the CTA's first event), then, per multiprocessor
+  and averaged over them:
+
+  * ``sm_epi_under_tl``: the share of the CTAs' epilogue time during which
+    another CTA on the same multiprocessor is in its token loop (what two
+    resident CTAs out of phase would give; 0 when they run in step);
+  * ``sm_tl_under_tl``: the share of token-loop time during which another
+    CTA there is in its token loop too (in step);
+  * ``sm_idle``: the share of the multiprocessor's span (its first event to
+    its last) with no CTA in either region (launches, setup, tails);
+  * ``sm_resident``: the mean number of CTAs in a region at once.
+
+  Raises:
+    ValueError: if ``clock_ghz`` is not positive or the trace holds no
+      token_loop region.
+  """
+  if not clock_ghz > 0:
+    raise ValueError(f"clock_ghz={clock_ghz!r} must be > 0")
+  sms = collections.defaultdict(list)  # pid -> [{region: [(b, e)]}] per CTA
+  for (pid, _), rows in intervals(trace).items():
+    if not any(n == "token_loop" for n, _, _ in rows):
+      continue
+    ts0 = rows[0][1]
+    real = lambda t, ts0=ts0: ts0 + (t - ts0) / clock_ghz
+    sms[pid].append({n: [(real(b), real(e)) for m, b, e in rows if m == n]
+                     for n in REGIONS})
+  if not sms:
+    raise ValueError("trace: no token_loop region recorded")
+  per = collections.defaultdict(list)
+  for ctas in sms.values():
+    epi = tl = epi_tl = tl_tl = 0.0
+    for i, mine in enumerate(ctas):
+      others_tl = _union([s for j, c in enumerate(ctas) if j != i
+                          for s in c["token_loop"]])
+      epi += sum(e - b for b, e in mine["epilogue"])
+      tl += sum(e - b for b, e in mine["token_loop"])
+      epi_tl += _overlap(mine["epilogue"], others_tl)
+      tl_tl += _overlap(mine["token_loop"], others_tl)
+    spans = [s for c in ctas for n in REGIONS for s in c[n]]
+    span = max(e for _, e in spans) - min(b for b, _ in spans)
+    busy = sum(e - b for b, e in _union(spans))
+    if epi > 0:
+      per["sm_epi_under_tl"].append(epi_tl / epi)
+    if tl > 0:
+      per["sm_tl_under_tl"].append(tl_tl / tl)
+    if span > 0:
+      per["sm_idle"].append(1 - busy / span)
+      per["sm_resident"].append(sum(e - b for b, e in spans) / span)
+  return {k: float(np.mean(v)) for k, v in per.items()} | {"sms": len(sms)}
+
+
 def regions_reason(cfg, d_in: int, d_out: int, space: int) -> str:
   """Why ``cfg`` cannot be traced here ('' if it can): its layout marks
   no regions (the cooperative two-warpgroup layout, ``early_epilogue``), or
@@ -143,8 +213,11 @@ def regions_reason(cfg, d_in: int, d_out: int, space: int) -> str:
     return ("its layout marks no token_loop/epilogue regions (only the "
             "one-warpgroup layout without early_epilogue and ping-pong do)")
   tiles = -(-d_in // cfg.block_m) * -(-d_out // cfg.block_n)
-  per_wg = 1 if cfg.compute_wgs == 1 else -(-tiles // (
-      2 * (cfg.num_ctas or kernel_mosaic.num_sms())))
+  if cfg.compute_wgs == 1:  # persistent: at least one CTA per multiprocessor
+    per_wg = (-(-tiles // (cfg.num_ctas or kernel_mosaic.num_sms()))
+              if cfg.persistent else 1)
+  else:
+    per_wg = -(-tiles // (2 * (cfg.num_ctas or kernel_mosaic.num_sms())))
   if 2 * per_wg + 1 > space:
     return f"--space {space} is below the {2 * per_wg + 1} ranges its tiles need"
   return ""
@@ -189,6 +262,9 @@ def main(argv=None):
                  "and/or kernel, ','-separated")
   p.add_argument("--reps", type=int, default=30,
                  help="timed calls per variant (unprofiled, back to back)")
+  p.add_argument("--clock-mhz", type=float, default=1980.0,
+                 help="SM clock the multiprocessor figures convert cycles "
+                 "with (nvidia-smi's; the H200 ran at 1980 unless capped)")
   p.add_argument("--dir", default=None, help="where the traces go (default: a "
                  "new temporary directory)")
   a = p.parse_args(argv)
@@ -205,6 +281,8 @@ def main(argv=None):
     p.error("--space must be >= 1")
   if a.reps < 1:
     p.error("--reps must be >= 1")
+  if not a.clock_mhz > 0:
+    p.error("--clock-mhz must be > 0")
   for v in a.scalars_at.split(","):
     if v not in ("sub", "tile", "kernel"):
       p.error(f"--scalars-at: {v!r} is not sub, tile or kernel")
@@ -261,6 +339,16 @@ def main(argv=None):
           f"| {s.get('epilogue', float('nan')):.2f} "
           f"| {s.get('overlap', float('nan')):.0%} "
           f"| {s.get('tl_alone', float('nan')):.0%} |")
+  sm_rows = [(label, s) for label, s in rows if "sms" in s]
+  if sm_rows:
+    print("\nCTAs sharing a multiprocessor (one-warpgroup tiles; per_sm):\n"
+          "| shape, mode, rule, config, scalars read | multiprocessors | "
+          "epilogue under another's token loop | token loop under another's "
+          "| idle | CTAs in a region |\n|---|---|---|---|---|---|")
+    for label, s in sm_rows:
+      print(f"| {label} | {s['sms']} | {s['sm_epi_under_tl']:.0%} "
+            f"| {s['sm_tl_under_tl']:.0%} | {s['sm_idle']:.0%} "
+            f"| {s['sm_resident']:.2f} |")
   return rows
 
 
@@ -302,6 +390,8 @@ def _run(x, dy, w, state, hp, seed, rule, cfg, where, a, root, label, want):
   with open(files[-1]) as f:
     trace = json.load(f)
   s = summarize(trace, 3 if cfg.compute_wgs == 2 else 1, cfg.compute_wgs)
+  if cfg.compute_wgs == 1:
+    s |= per_sm(trace, a.clock_mhz / 1e3)
   return {"ms": ms, "err": err, **s}
 
 

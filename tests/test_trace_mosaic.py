@@ -46,6 +46,35 @@ def test_summarize_one_warpgroup_ctas_average():
   assert s["overlap"] == 0 and s["tl_alone"] == 0
 
 
+def test_per_sm_by_hand():
+  # Multiprocessor 0 (pid 1): two CTAs out of step; clock 2 GHz, so each
+  # CTA's cycles after its first event count half on the common axis. CTA A
+  # starts at 0: token loop [0, 4] µs, epilogue [4, 8]. CTA B starts at 4
+  # (ts0 = 4): token loop [4, 8], epilogue [8, 12].
+  a = _events(1, 1, [("token_loop", 0, 8), ("epilogue", 8, 16)])
+  b = _events(1, 2, [("token_loop", 4, 12), ("epilogue", 12, 20)])
+  # Multiprocessor 1 (pid 2): two CTAs in step (token loops [0, 2] µs,
+  # epilogues [2, 4]), then D's second token loop [6, 8] after a gap.
+  c = _events(2, 3, [("token_loop", 0, 4), ("epilogue", 4, 8)])
+  d = _events(2, 4, [("token_loop", 0, 4), ("epilogue", 4, 8),
+                     ("token_loop", 12, 16)])
+  s = trace_mosaic.per_sm({"traceEvents": a + b + c + d}, clock_ghz=2.0)
+  assert s["sms"] == 2
+  # SM 0: A's epilogue [4, 8] under B's token loop [4, 8]; B's under none.
+  # SM 1: no epilogue under another's token loop.
+  assert s["sm_epi_under_tl"] == pytest.approx((4 / 8 + 0) / 2)
+  # SM 0: no token loop under another's; SM 1: [0, 2] twice of 2 + 4 µs.
+  assert s["sm_tl_under_tl"] == pytest.approx((0 + 4 / 6) / 2)
+  # SM 0's span [0, 12] µs is never idle; SM 1's [0, 8] is idle in [4, 6].
+  assert s["sm_idle"] == pytest.approx((0 + 2 / 8) / 2)
+  assert s["sm_resident"] == pytest.approx((16 / 12 + 10 / 8) / 2)
+  with pytest.raises(ValueError, match="clock_ghz"):
+    trace_mosaic.per_sm({"traceEvents": a}, clock_ghz=0)
+  with pytest.raises(ValueError, match="no token_loop"):
+    trace_mosaic.per_sm({"traceEvents": _events(1, 1, [("epilogue", 0, 1)])},
+                        clock_ghz=2.0)
+
+
 def test_intervals_skip_metadata_and_open_regions():
   trace = {"traceEvents": [dict(name="process_name", ph="M", pid=1)]
            + _events(1, 1, [("token_loop", 0, 4)])
@@ -82,6 +111,7 @@ def test_profiled_checks_and_restores():
 def test_cli_refuses_bad_arguments():
   for argv in (["--configs", "nope"], ["--rules", "lion"], ["--modes", "fp8"],
                ["--space", "0"], ["--scalars-at", "warp"], ["--reps", "0"],
+               ["--clock-mhz", "0"],
                ["--shapes", "bogus"], ["--shapes", "2048:4096x0"]):
     with pytest.raises(SystemExit):
       trace_mosaic.main(argv)
