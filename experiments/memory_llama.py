@@ -301,10 +301,6 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   xla_options = parse_compiler_options(compiler_options)
   t_phase = time.perf_counter()  # "init" counts the imports below too
   import jax  # pylint: disable=g-import-not-at-top
-  from forge_jax._src import dense as dense_lib  # pylint: disable=g-import-not-at-top
-  # Experimental (stop 38): each fused update on this CUDA stream.
-  stream = os.environ.get("FORGE_JAX_UPDATE_STREAM", "")
-  dense_lib.UPDATE_STREAM = int(stream) if stream else None
   import numpy as np
   import optax
 
@@ -405,8 +401,6 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     extra["xla_options"] = dict(xla_options)
   if layers:
     extra["n_layers"] = layers
-  if dense_lib.UPDATE_STREAM is not None:
-    extra["update_stream"] = dense_lib.UPDATE_STREAM
   if movement:  # after the timed steps, before a profiled one
     final = layer_leaves(jax.device_get(state.params))
     extra["movement"] = {k: float(np.mean(np.abs(
@@ -620,8 +614,6 @@ def _layout_label(row: dict) -> str:
     label += ", ForgeEmbed"
   if row.get("compiler_options"):  # since stop 32
     label += f", XLA {row['compiler_options']}"
-  if row.get("update_stream") is not None:  # stop 38's experiment
-    label += f", updates on stream {row['update_stream']}"
   return label
 
 

@@ -103,16 +103,6 @@ CONFIGS = {
     # with few enough stages that two CTAs still fit on a multiprocessor
     # (stop 26's m128n128t64s3E needed 144 KiB: one CTA)
     "m128n128t64s2noT": C(128, 128, 64, 2, transpose_x=False),
-    # Stop 38: the one-warpgroup tile, persistent (P: CTAs by shared memory,
-    # at most 2 per multiprocessor; P1: one per multiprocessor; P3: three).
-    "m128n128t64s3noTP": C(128, 128, 64, 3, transpose_x=False, persistent=True),
-    "m128n128t64s3noTP1": C(128, 128, 64, 3, transpose_x=False, persistent=True,
-                            num_ctas=132),
-    "m128n128t64s2e32noTP3": C(128, 128, 64, 2, epi_n=32, transpose_x=False,
-                               persistent=True, num_ctas=396),
-    "m128n128t64s2e32noTP": C(128, 128, 64, 2, epi_n=32, transpose_x=False,
-                              persistent=True),
-    "m128n128t64s2e32noT": C(128, 128, 64, 2, epi_n=32, transpose_x=False),
     "m128n128t64s2Ee32noT": C(128, 128, 64, 2, epi_n=32, early_epilogue=True,
                               transpose_x=False),
     "m128n128t64s2Ee32x3noT": C(128, 128, 64, 2, epi_n=32, epi_slots=3,

@@ -101,13 +101,8 @@ def test_model_scale_gradients_match_reference(rng, rule, scale, count, interpre
                  epi_ahead=3, epi_n=16),
     MosaicConfig(block_m=64, block_n=128, block_t=64, epi_slots=3,
                  epi_ahead=1, epi_n=32),
-    # Persistent: 2 CTAs (interpret's default) walk 4 tiles, two each.
-    MosaicConfig(block_m=128, block_n=128, block_t=64, persistent=True),
-    # 3 CTAs, 8 tiles: uneven shares (3, 3, 2), stages reused across tiles.
-    MosaicConfig(block_m=64, block_n=128, block_t=64, epi_n=32,
-                 persistent=True, num_ctas=3),
 ], ids=["128x128x64-s3", "slots3-epi32", "early-epilogue", "slots4-ahead3",
-        "slots3-ahead1", "persistent", "persistent-uneven"])
+        "slots3-ahead1"])
 def test_tiles_and_epilogue_pipelines(rng, monkeypatch, config, interpret):
   # Several tiles in the grid (in 256 / block_m × out 256 / block_n), several
   # token steps, several epilogue sub-tiles per tile. In interpret mode with
@@ -253,8 +248,6 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
     (dict(ping_pong=1, compute_wgs=2), "ping_pong=1 must be a bool"),
     (dict(ping_pong=True, compute_wgs=2, max_concurrent_steps=1),
      "max_concurrent_steps >= 2"),
-    (dict(persistent=True, compute_wgs=2), "persistent=True is the one-warpgroup"),
-    (dict(persistent=1), "persistent=1 must be a bool"),
 ])
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -544,9 +537,8 @@ def test_folded_moments_keep_the_larger_shared_memory_slack(monkeypatch):
     fn.trace(x, dy, w, st, hp).lower(lowering_platforms=("cuda",))
 
 
-@pytest.mark.parametrize("config", [MosaicConfig(), WS_CONFIGS[1],
-                                    MosaicConfig(persistent=True)],
-                         ids=["one-warpgroup", "warp-specialized", "persistent"])
+@pytest.mark.parametrize("config", [MosaicConfig(), WS_CONFIGS[1]],
+                         ids=["one-warpgroup", "warp-specialized"])
 def test_compiled_kernel_updates_in_place(rng, config):
   # Lowered for CUDA (on any machine): W and both moments are aliased from
   # the custom call's operands to its results, so a caller that donates them
@@ -660,10 +652,8 @@ def _run_kw(args, config, kw):
       *a, implementation="mosaic", config=config, interpret=False, **kw))(*args)
 
 
-@pytest.mark.parametrize("config", [MosaicConfig(), WS_CONFIGS[1],
-                                    MosaicConfig(persistent=True,
-                                                 transpose_x=False)],
-                         ids=["one-warpgroup", "warp-specialized", "persistent"])
+@pytest.mark.parametrize("config", [MosaicConfig(), WS_CONFIGS[1]],
+                         ids=["one-warpgroup", "warp-specialized"])
 def test_stochastic_rounding_lowers_for_cuda(rng, config):
   args = _inputs(rng, rules.ADAMW, 128, 128, 256, w_dtype=jnp.bfloat16)
   fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(

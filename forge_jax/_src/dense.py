@@ -314,34 +314,6 @@ def update_in_place(ctx: FusedContext, path: tuple[str, ...]) -> bool:
   return ctx.in_place and path not in ctx.stacked
 
 
-UPDATE_STREAM: int | None = None
-"""Experimental (stop 38): the CUDA stream (XLA's ``gpu_stream:N`` stream
-annotation, through ``compute_on``) that runs each unsharded fused update,
-so that XLA may overlap it with the rest of the backward; None (the
-default): the main stream. The update computes the same values either way."""
-
-
-def _on_stream(fn, stream: int):
-  """``fn`` annotated to run on CUDA stream ``stream`` (its outputs in
-  device memory). jax 0.10 names the function form ``compute_on2``; 0.11,
-  ``compute_on``."""
-  from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
-  from jax.experimental import compute_on as compute_on_lib  # pylint: disable=g-import-not-at-top
-  wrap = getattr(compute_on_lib, "compute_on2", None) or compute_on_lib.compute_on
-
-  def unannotated(*args):
-    # jax also marks every op traced inside with the stream; XLA's pass that
-    # makes the call asynchronous (jax 0.11.2) then wraps the inner ops too
-    # and failed a check on them (stop 38). Only the call is marked here.
-    prev = jax_config.compute_on_context_manager.swap_local(None)
-    try:
-      return fn(*args)
-    finally:
-      jax_config.compute_on_context_manager.set_local(prev)
-  return wrap(unannotated, compute_type=f"gpu_stream:{stream}",
-              out_memory_spaces=jax.memory.Space.Device)
-
-
 def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
   """The fused update, per shard of the kernel under tensor parallelism.
 
@@ -358,10 +330,6 @@ def _sharded_update(spec: _Spec, x, dy, kernel, state, hparams, seed):
   kw = dict(rule=spec.rule, implementation=spec.implementation,
             interpret=spec.interpret, in_place=spec.in_place)
   if a_in is None and a_out is None:
-    if UPDATE_STREAM is not None:
-      return _on_stream(
-          lambda *args: fused_dw.fused_dw_update(*args[:5], seed=args[5], **kw),
-          UPDATE_STREAM)(x, dy, kernel, state, hparams, seed)
     return fused_dw.fused_dw_update(x, dy, kernel, state, hparams, seed=seed, **kw)
   P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
   sizes = dict(spec.mesh.shape)

@@ -181,14 +181,8 @@ class MosaicConfig:
       CUTLASS's ping-pong schedule (``_kernel_pp``). False: they split a
       (block_m, 2·block_n) tile and run the token loop and the epilogue at
       the same time ("cooperative").
-    num_ctas: CTAs of the persistent grid (compute_wgs=2, or
-      ``persistent``); default the device's multiprocessor count for
-      compute_wgs=2, and for ``persistent`` as many CTAs as fit on the
-      multiprocessors at once (:func:`persistent_ctas`).
-    persistent: with compute_wgs=1: ``num_ctas`` CTAs each walk tiles c,
-      c + G, c + 2G, ... (G CTAs) one after the other, each tile as the
-      one-CTA-per-tile layout runs it, instead of one CTA per tile (no CTA
-      launch between tiles).
+    num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
+      device's multiprocessor count.
   """
 
   block_m: int = 128
@@ -205,7 +199,6 @@ class MosaicConfig:
   compute_wgs: int = 1
   ping_pong: bool = False
   num_ctas: int | None = None
-  persistent: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_t", "max_concurrent_steps",
@@ -217,7 +210,7 @@ class MosaicConfig:
     if self.num_ctas is not None and (not isinstance(self.num_ctas, int)
                                       or isinstance(self.num_ctas, bool)):
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas!r} must be an int or None")
-    for name in ("early_epilogue", "transpose_x", "ping_pong", "persistent"):
+    for name in ("early_epilogue", "transpose_x", "ping_pong"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"MosaicConfig.{name}={getattr(self, name)!r} must be a bool")
     if self.block_m not in (64, 128):
@@ -232,10 +225,6 @@ class MosaicConfig:
     if self.ping_pong and self.compute_wgs != 2:
       raise ValueError("MosaicConfig.ping_pong=True needs compute_wgs=2 (its "
                        f"two compute warpgroups); got compute_wgs={self.compute_wgs}")
-    if self.persistent and self.compute_wgs != 1:
-      raise ValueError("MosaicConfig.persistent=True is the one-warpgroup "
-                       "layout's (compute_wgs=1; compute_wgs=2 is persistent "
-                       f"already); got compute_wgs={self.compute_wgs}")
     if self.ping_pong and self.max_concurrent_steps < 2:
       # A warpgroup releases stage g-1 once stage g has arrived: one stage
       # would wait for itself.
@@ -491,23 +480,15 @@ def unsupported_reason(x, dy, w, state, rule, seed, config: MosaicConfig,
   if config.ping_pong and 2 * config.max_concurrent_steps > MAX_BARRIERS:
     return (f"max_concurrent_steps={config.max_concurrent_steps}: the "
             f"ping-pong ring needs 2 barriers per stage, at most {MAX_BARRIERS}")
-  need = tile_smem_bytes(x, w, state, rule, config)
+  tiles = [w.dtype] + [jnp.float32 if fold > 1 else  # see _FOLDED_DTYPE
+                       quantization.state_storage_dtype(s) for s in state]
+  need = smem_bytes(config, tiles, x.dtype, num_scale_arrays=num_scale_arrays,
+                    fold_block=fold)
   if need > SMEM_BYTES:
     return (f"the tile needs about {need} bytes of shared memory, more than "
             f"the {SMEM_BYTES} of a Hopper CTA (fewer max_concurrent_steps, "
             "or a smaller epi_n)")
   return None
-
-
-def tile_smem_bytes(x, w, state, rule, config: MosaicConfig) -> int:
-  """:func:`smem_bytes` of this op's CTA (W's and the states' tile dtypes,
-  their int8 scale rows, the fold block)."""
-  fold = fold_block(rule)
-  tiles = [w.dtype] + [jnp.float32 if fold > 1 else  # see _FOLDED_DTYPE
-                       quantization.state_storage_dtype(s) for s in state]
-  return smem_bytes(config, tiles, x.dtype, num_scale_arrays=sum(
-      isinstance(s, quantization.QuantizedArray) for s in state),
-                    fold_block=fold)
 
 
 # --- the rule, split into scalar (XLA) and per-element (kernel) equations ---
@@ -959,37 +940,13 @@ def _operands(x_ref, dy_ref, refs, config: MosaicConfig, layout: _Layout,
 
 def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
             layout: _Layout, grid_axis: str, in_place: bool):
-  _, _, _, _, d_in, d_out, _ = _operands(x_ref, dy_ref, refs, config, layout,
-                                        in_place)
-  bm, bn = config.block_m, config.block_n
-  _one_tile = functools.partial(
-      _kernel_tile, x_ref, dy_ref, scalar_ref, refs, config=config,
-      split=split, layout=layout, in_place=in_place)
-  num_m, num_n = d_in // bm, d_out // bn
-  if config.persistent:  # tiles c, c + G, ... of the grouped order
-    cta, ctas = lax.axis_index(grid_axis), lax.axis_size(grid_axis)
-
-    def walk(j, carry):
-      _one_tile(cta + j * ctas, last=False)
-      return carry
-    lax.fori_loop(0, (num_m * num_n - cta + ctas - 1) // ctas, walk, None)
-    plgpu.wait_smem_to_gmem(0)  # every store done before the CTA ends
-  else:
-    _one_tile(lax.axis_index(grid_axis), last=True)
-
-
-def _kernel_tile(x_ref, dy_ref, scalar_ref, refs, tile_index, *, last: bool,
-                 config: MosaicConfig, split, layout: _Layout, in_place: bool):
-  """One (block_m, block_n) tile of the one-warpgroup layout: its token loop,
-  then its epilogue. ``last``: the CTA's last tile (its stores waited for
-  to the end); otherwise only until they have left shared memory, which
-  the next tile's stages reuse."""
   n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
       x_ref, dy_ref, refs, config, layout, in_place)
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
-  m_i, n_i = tiling.grouped_tile(tile_index, d_in // bm, d_out // bn,
-                                 config.group_m)
+
+  m_i, n_i = tiling.grouped_tile(lax.axis_index(grid_axis), d_in // bm,
+                                 d_out // bn, config.group_m)
   slots = config.epi_slots
 
   def origin(s):
@@ -1038,7 +995,7 @@ def _kernel_tile(x_ref, dy_ref, scalar_ref, refs, tile_index, *, last: bool,
               barrier=lambda a, s: barriers.at[slots * a + s % slots],
               load_sub=functools.partial(load_sub, bufs, barriers),
               origin=origin, layout=layout)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=not last)
+    plgpu.wait_smem_to_gmem(0)
 
   scratch = dict(
       bufs=_epilogue_buffers(in_refs, layout, config),
@@ -1334,20 +1291,6 @@ def profiled(profile_dir: str, profile_space: int = 40):
     _PROFILE.update(old)
 
 
-SMEM_PER_SM = 228 * 1024
-"""Shared memory of a Hopper multiprocessor (H100/H200), of which each
-resident CTA also takes 1 KiB for the system."""
-
-
-def persistent_ctas(smem: int) -> int:
-  """CTAs of a ``persistent`` one-warpgroup grid whose CTA needs ``smem``
-  bytes of shared memory (:func:`tile_smem_bytes`): as many as fit on the
-  device's multiprocessors at once by shared memory, at most two per
-  multiprocessor (what the one-CTA-per-tile layout had resident at T=512,
-  stop 38's trace)."""
-  return num_sms() * max(1, min(2, SMEM_PER_SM // (smem + 1024)))
-
-
 def num_sms() -> int:
   """Multiprocessors of the first device (132 on an H100/H200 SXM; also
   when the device does not say, as on the CPU)."""
@@ -1424,12 +1367,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   if config.compute_wgs == 1:
     body = functools.partial(_kernel, config=config, split=split,
                              layout=layout, grid_axis="tile")
-    ctas = num_tiles
-    if config.persistent:
-      ctas = min(num_tiles, config.num_ctas or (
-          2 if interpret else
-          persistent_ctas(tile_smem_bytes(x, w, state, rule, config))))
-    mesh = dict(grid=(ctas,), grid_names=("tile",))
+    mesh = dict(grid=(num_tiles,), grid_names=("tile",))
   elif config.ping_pong:
     # At least two tiles per CTA, one per compute warpgroup, where there are.
     ctas = config.num_ctas or num_sms()
