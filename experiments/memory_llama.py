@@ -301,9 +301,6 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   xla_options = parse_compiler_options(compiler_options)
   t_phase = time.perf_counter()  # "init" counts the imports below too
   import jax  # pylint: disable=g-import-not-at-top
-  from pallas_kernels.fused_dw import kernel_mosaic  # pylint: disable=g-import-not-at-top
-  # Experimental (stop 38): the staggered tile as the T<2048 default.
-  kernel_mosaic.STAGGERED_DEFAULT = bool(os.environ.get("FORGE_JAX_STAGGERED"))
   import numpy as np
   import optax
 
@@ -404,8 +401,6 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     extra["xla_options"] = dict(xla_options)
   if layers:
     extra["n_layers"] = layers
-  if kernel_mosaic.STAGGERED_DEFAULT:
-    extra["staggered"] = True
   if movement:  # after the timed steps, before a profiled one
     final = layer_leaves(jax.device_get(state.params))
     extra["movement"] = {k: float(np.mean(np.abs(
@@ -619,8 +614,6 @@ def _layout_label(row: dict) -> str:
     label += ", ForgeEmbed"
   if row.get("compiler_options"):  # since stop 32
     label += f", XLA {row['compiler_options']}"
-  if row.get("staggered"):  # stop 38's experiment
-    label += ", staggered T<2048 tile"
   return label
 
 

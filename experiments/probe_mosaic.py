@@ -103,13 +103,6 @@ CONFIGS = {
     # with few enough stages that two CTAs still fit on a multiprocessor
     # (stop 26's m128n128t64s3E needed 144 KiB: one CTA)
     "m128n128t64s2noT": C(128, 128, 64, 2, transpose_x=False),
-    # Stop 38: two one-warpgroup tiles per CTA, the second a token loop late.
-    "ST_n128s3noT": C(128, 128, 64, 3, compute_wgs=2, staggered=True,
-                      transpose_x=False),
-    "ST_n128s3e32noT": C(128, 128, 64, 3, epi_n=32, compute_wgs=2,
-                         staggered=True, transpose_x=False),
-    "ST_n128s2noT": C(128, 128, 64, 2, compute_wgs=2, staggered=True,
-                      transpose_x=False),
     "m128n128t64s2Ee32noT": C(128, 128, 64, 2, epi_n=32, early_epilogue=True,
                               transpose_x=False),
     "m128n128t64s2Ee32x3noT": C(128, 128, 64, 2, epi_n=32, epi_slots=3,

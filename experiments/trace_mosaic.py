@@ -215,8 +215,7 @@ def regions_reason(cfg, d_in: int, d_out: int, space: int) -> str:
   no regions (the cooperative two-warpgroup layout, ``early_epilogue``), or
   ``space`` ranges per warpgroup are fewer than its tiles need (two per
   tile, plus one)."""
-  if cfg.early_epilogue or (cfg.compute_wgs == 2 and not cfg.ping_pong
-                            and not getattr(cfg, "staggered", False)):
+  if cfg.early_epilogue or (cfg.compute_wgs == 2 and not cfg.ping_pong):
     return ("its layout marks no token_loop/epilogue regions (only the "
             "one-warpgroup layout without early_epilogue and ping-pong do)")
   tiles = -(-d_in // cfg.block_m) * -(-d_out // cfg.block_n)
@@ -393,9 +392,7 @@ def _run(x, dy, w, state, hp, seed, rule, cfg, where, a, root, label, want):
   files = sorted(glob.glob(os.path.join(out_dir, "*-trace.json")))
   with open(files[-1]) as f:
     trace = json.load(f)
-  per_block = (2 if getattr(cfg, "staggered", False) else
-               3 if cfg.compute_wgs == 2 else 1)
-  s = summarize(trace, per_block, cfg.compute_wgs)
+  s = summarize(trace, 3 if cfg.compute_wgs == 2 else 1, cfg.compute_wgs)
   if cfg.compute_wgs == 1:
     s |= per_sm(trace, a.clock_mhz / 1e3)
   return {"ms": ms, "err": err, **s}

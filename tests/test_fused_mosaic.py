@@ -248,8 +248,6 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
     (dict(ping_pong=1, compute_wgs=2), "ping_pong=1 must be a bool"),
     (dict(ping_pong=True, compute_wgs=2, max_concurrent_steps=1),
      "max_concurrent_steps >= 2"),
-    (dict(staggered=True), "staggered=True needs compute_wgs=2"),
-    (dict(staggered=True, compute_wgs=2, ping_pong=True), "ping_pong=False"),
 ])
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -1104,43 +1102,3 @@ def test_int8_scales_in_the_kernel_layout_are_not_transposed(rng):
             if "stablehlo.transpose" in l and "xf32>" in l]
   assert len(f32_transposes(natural)) == 4
   assert f32_transposes(transposed) == []
-
-
-STAGGERED = [
-    MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=3,
-                 compute_wgs=2, staggered=True, transpose_x=False),
-    MosaicConfig(block_m=64, block_n=64, block_t=64, max_concurrent_steps=2,
-                 epi_n=32, compute_wgs=2, staggered=True, num_ctas=3),
-]
-
-
-@pytest.mark.skipif(not ON_GPU, reason="compiled staggered kernel: needs a GPU "
-                    "(its lowering is checked on the CPU below)")
-@pytest.mark.parametrize("config", STAGGERED, ids=["default-tile", "uneven"])
-@pytest.mark.parametrize("w_dtype", [jnp.float32, jnp.bfloat16])
-def test_staggered_kernel(rng, config, w_dtype):
-  # 256 x 640 / (128 x 128) = 10 tiles or / (64 x 64) = 40 tiles over 2 or 3
-  # CTAs of two warpgroups: uneven shares, several tiles per warpgroup
-  # (stages and epilogue buffers reused), 3 token steps.
-  args = _inputs(rng, rules.ADAMW, 192, 256, 640, w_dtype=w_dtype,
-                 state_dtype=w_dtype)
-  kw = dict(rule=rules.ADAMW,
-            seed=jnp.uint32(5) if w_dtype == jnp.bfloat16 else None)
-  got = _run_kw(args, config, kw)
-  want = fused_dw_update_reference(*args, **kw)
-  if w_dtype == jnp.bfloat16:
-    assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
-    _check((got[0].astype(jnp.float32), got[1]),
-           (want[0].astype(jnp.float32), want[1]), 2 ** -7)
-  else:
-    _check(got, want, 2e-6)
-
-
-@pytest.mark.parametrize("config", STAGGERED, ids=["default-tile", "uneven"])
-def test_staggered_kernel_lowers_for_cuda(rng, config):
-  args = _inputs(rng, rules.ADAMW, 192, 256, 640, w_dtype=jnp.bfloat16)
-  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
-      *a, rule=rules.ADAMW, config=config, interpret=False,
-      seed=jnp.uint32(3)))
-  assert "mosaic_gpu" in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  assert kernel_mosaic.cta_block_n(config) == config.block_n

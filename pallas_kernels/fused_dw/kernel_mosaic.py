@@ -183,13 +183,6 @@ class MosaicConfig:
       the same time ("cooperative").
     num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
       device's multiprocessor count.
-    staggered: with compute_wgs=2 (not ping_pong): experimental (stop 38).
-      Two compute warpgroups and no memory warpgroup; each walks its own
-      tiles (2c + w, then every 2G-th) through its own token stages and
-      epilogue buffers (sharing their memory, as the one-warpgroup tile's
-      do), issuing its own loads; the second starts once the first has
-      finished its first token loop, so that one's token loop runs while
-      the other applies the rule.
   """
 
   block_m: int = 128
@@ -206,7 +199,6 @@ class MosaicConfig:
   compute_wgs: int = 1
   ping_pong: bool = False
   num_ctas: int | None = None
-  staggered: bool = False
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_t", "max_concurrent_steps",
@@ -218,7 +210,7 @@ class MosaicConfig:
     if self.num_ctas is not None and (not isinstance(self.num_ctas, int)
                                       or isinstance(self.num_ctas, bool)):
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas!r} must be an int or None")
-    for name in ("early_epilogue", "transpose_x", "ping_pong", "staggered"):
+    for name in ("early_epilogue", "transpose_x", "ping_pong"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"MosaicConfig.{name}={getattr(self, name)!r} must be a bool")
     if self.block_m not in (64, 128):
@@ -233,10 +225,6 @@ class MosaicConfig:
     if self.ping_pong and self.compute_wgs != 2:
       raise ValueError("MosaicConfig.ping_pong=True needs compute_wgs=2 (its "
                        f"two compute warpgroups); got compute_wgs={self.compute_wgs}")
-    if self.staggered and (self.compute_wgs != 2 or self.ping_pong):
-      raise ValueError("MosaicConfig.staggered=True needs compute_wgs=2 and "
-                       f"ping_pong=False; got compute_wgs={self.compute_wgs}, "
-                       f"ping_pong={self.ping_pong}")
     if self.ping_pong and self.max_concurrent_steps < 2:
       # A warpgroup releases stage g-1 once stage g has arrived: one stage
       # would wait for itself.
@@ -343,9 +331,6 @@ class MosaicConfig:
                    compute_wgs=2, ping_pong=True)
       return cls(block_m=64, block_n=128 if d_out % 128 == 0 else 64,
                  max_concurrent_steps=4)
-    if (STAGGERED_DEFAULT and narrow and t < 2048 and d_out > NARROW_OUT
-        and enough(128, 128)):
-      return cls(compute_wgs=2, staggered=True, transpose_x=False)
     if enough(128, 128, 2 if d_out > NARROW_OUT else 4):
       if narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=32, compute_wgs=2,
@@ -364,13 +349,8 @@ class MosaicConfig:
 def cta_block_n(config: MosaicConfig) -> int:
   """Columns of W one CTA's token loop covers at a time: 2·block_n for the
   cooperative warp-specialized layout, else block_n."""
-  return config.block_n * (
-      1 if config.ping_pong or config.staggered else config.compute_wgs)
+  return config.block_n * (config.compute_wgs if not config.ping_pong else 1)
 
-
-STAGGERED_DEFAULT = False
-"""Experimental (stop 38): whether :meth:`MosaicConfig.default` takes the
-staggered layout for bf16 W and states below T=2048."""
 
 NARROW_OUT = 1024
 """W with at most this many columns (the K and V projections of Llama-3.1-8B
@@ -406,8 +386,6 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
   slack = SMEM_SLACK if num_scale_arrays or fold_block > 1 else SMEM_SLACK_TILES
-  if config.staggered:  # each warpgroup's stages and buffers share memory
-    return 2 * max(stages, epilogue // 2) + slack
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue + slack
   return max(stages, epilogue) + slack
@@ -1260,126 +1238,6 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       collective_axes="wg")
 
 
-def _kernel_staggered(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig,
-                      split, layout: _Layout, in_place: bool):
-  """compute_wgs=2, staggered (see MosaicConfig): two one-warpgroup tiles
-  side by side in one CTA, the second warpgroup started a token loop late."""
-  n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
-      x_ref, dy_ref, refs, config, layout, in_place)
-  bm, bn, bt = config.block_m, config.block_n, config.block_t
-  em, en = config.epi_m, config.epi_n
-  num_m, num_n = d_in // bm, d_out // bn
-  num_tiles, steps = num_m * num_n, t // bt
-  depth = min(config.max_concurrent_steps, steps)
-  slots = config.epi_slots
-  x_block = (bm, bt) if config.transpose_x else (bt, bm)
-
-  def stages():
-    return (plgpu.SMEM((depth, *x_block), x_ref.dtype,
-                       transforms=_smem_transforms(x_block[1], x_ref.dtype)),
-            plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
-                       transforms=_smem_transforms(bn, dy_ref.dtype)))
-
-  def scope(union0, union1, produced, barriers, start):
-    cta, ctas = lax.axis_index("cta"), lax.axis_size("cta")
-    wg = lax.axis_index("wg")
-
-    def run(w, union):
-      (x_smem, dy_smem), bufs = union
-      me, stride = 2 * cta + w, 2 * ctas
-      local = (num_tiles - me + stride - 1) // stride
-
-      def stage_bar(slot):
-        return produced.at[w * depth + slot]
-
-      def epi_bar(a, s):
-        return barriers.at[(w * n_arr + a) * slots + s % slots]
-
-      def tile_body(j, carry):
-        m_i, n_i = tiling.grouped_tile(me + j * stride, num_m, num_n,
-                                       config.group_m)
-
-        def load_stage(k, slot):
-          src = (x_ref.at[pl.ds(m_i * bm, bm), pl.ds(k * bt, bt)]
-                 if config.transpose_x else
-                 x_ref.at[pl.ds(k * bt, bt), pl.ds(m_i * bm, bm)])
-          plgpu.copy_gmem_to_smem(src, x_smem.at[slot], stage_bar(slot))
-          plgpu.copy_gmem_to_smem(
-              dy_ref.at[pl.ds(k * bt, bt), pl.ds(n_i * bn, bn)],
-              dy_smem.at[slot], stage_bar(slot))
-
-        def origin(s):
-          return m_i * bm + subs[s][0] * em, n_i * bn + subs[s][1] * en
-
-        def load_sub(s):
-          for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-            src = _sub_window(ref, origin(s), config, layout, a)
-            plgpu.copy_gmem_to_smem(src, buf.at[s % slots], epi_bar(a, s))
-
-        def acc_scope(acc_ref):
-          for k in range(depth):
-            load_stage(k, k)
-
-          def step(k, carry):
-            slot = lax.rem(k, depth)
-            plgpu.barrier_wait(stage_bar(slot))
-            a = (x_smem.at[slot] if config.transpose_x
-                 else x_smem.at[slot].transpose((1, 0)))
-            plgpu.wgmma(acc_ref, a, dy_smem.at[slot])
-            plgpu.wgmma_wait(1)  # step k-1's wgmma is done: refill its slot
-
-            @pl.when((k > 0) & (k - 1 + depth < steps))
-            def _():
-              load_stage(k - 1 + depth, lax.rem(k - 1, depth))
-            return carry
-          lax.fori_loop(0, steps, step, None)
-          plgpu.wgmma_wait(0)
-          return acc_ref[...]
-        with jax.named_scope("token_loop"):  # regions of a profiled run
-          acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
-        if w == 0:
-          @pl.when(j == 0)
-          def _():
-            plgpu.barrier_arrive(start.at[0])  # the second warpgroup may go
-        with jax.named_scope("epilogue"):
-          for s in range(min(config.epi_ahead, len(subs))):
-            load_sub(s)
-          _epilogue(acc, subs=subs, config=config, split=split,
-                    scalar_ref=scalar_ref, bufs=bufs, out_refs=out_refs,
-                    slot_ref=lambda buf, slot: buf.at[slot], barrier=epi_bar,
-                    load_sub=load_sub, origin=origin, layout=layout)
-          # The next tile's stages reuse these buffers' memory.
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        return carry
-
-      if w == 0:
-        @pl.when(local == 0)
-        def _():
-          plgpu.barrier_arrive(start.at[0])
-      else:
-        plgpu.barrier_wait(start.at[0])
-      lax.fori_loop(0, local, tile_body, None)
-      plgpu.wait_smem_to_gmem(0)
-
-    @pl.when(wg == 0)
-    def _():
-      run(0, union0)
-
-    @pl.when(wg == 1)
-    def _():
-      run(1, union1)
-
-  def union():
-    return plgpu.RefUnion(stages(), _epilogue_buffers(in_refs, layout, config))
-
-  pl.run_scoped(
-      scope, union0=union(), union1=union(),
-      produced=plgpu.Barrier(num_arrivals=2, num_barriers=2 * depth),
-      barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
-      start=plgpu.Barrier(num_barriers=1),
-      collective_axes="wg")
-
-
 _MEMORY_REGISTERS = 40
 """Registers per thread of a warp-specialized kernel's memory warpgroup (the
 value ``emit_pipeline_warp_specialized``'s documentation gives for H100)."""
@@ -1510,12 +1368,6 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     body = functools.partial(_kernel, config=config, split=split,
                              layout=layout, grid_axis="tile")
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
-  elif config.staggered:
-    ctas = config.num_ctas or num_sms()
-    body = functools.partial(_kernel_staggered, config=config, split=split,
-                             layout=layout)
-    mesh = dict(grid=(max(1, min(ctas, num_tiles // 2)),), grid_names=("cta",),
-                num_threads=2, thread_name="wg")
   elif config.ping_pong:
     # At least two tiles per CTA, one per compute warpgroup, where there are.
     ctas = config.num_ctas or num_sms()
