@@ -175,8 +175,8 @@ def per_sm(trace: dict, clock_ghz: float) -> dict:
     ValueError: if ``clock_ghz`` is not positive or the trace holds no
       token_loop region.
   """
-  if not clock_ghz > 0:
-    raise ValueError(f"clock_ghz={clock_ghz!r} must be > 0")
+  if not 0 < clock_ghz < float("inf"):
+    raise ValueError(f"clock_ghz={clock_ghz!r} must be > 0 and finite")
   sms = collections.defaultdict(list)  # pid -> [{region: [(b, e)]}] per CTA
   for (pid, _), rows in intervals(trace).items():
     if not any(n == "token_loop" for n, _, _ in rows):
@@ -266,9 +266,11 @@ def main(argv=None):
   p.add_argument("--reps", type=int, default=30,
                  help="timed calls per variant (unprofiled, back to back)")
   p.add_argument("--clock-mhz", type=float, default=1980.0,
-                 help="SM clock the multiprocessor figures convert cycles "
-                 "with (nvidia-smi's; the H200 ran at 1980 unless capped)")
-  p.add_argument("--dir", default=None, help="where the traces go (default: a "
+                 help="SM clock (MHz; nvidia-smi's, 1980 on the H200 unless "
+                 "capped) that puts the CTAs resident on one multiprocessor "
+                 "on one time axis, for the per-multiprocessor table (in "
+                 "step or not, idle; per_sm)")
+  p.add_argument("--dir", default=None, help="where the traces go (None: a "
                  "new temporary directory)")
   a = p.parse_args(argv)
   for n in a.configs.split(","):
@@ -284,8 +286,8 @@ def main(argv=None):
     p.error("--space must be >= 1")
   if a.reps < 1:
     p.error("--reps must be >= 1")
-  if not a.clock_mhz > 0:
-    p.error("--clock-mhz must be > 0")
+  if not 0 < a.clock_mhz < float("inf"):
+    p.error("--clock-mhz must be > 0 and finite")
   for v in a.scalars_at.split(","):
     if v not in ("sub", "tile", "kernel"):
       p.error(f"--scalars-at: {v!r} is not sub, tile or kernel")

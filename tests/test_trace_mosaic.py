@@ -68,8 +68,9 @@ def test_per_sm_by_hand():
   # SM 0's span [0, 12] µs is never idle; SM 1's [0, 8] is idle in [4, 6].
   assert s["sm_idle"] == pytest.approx((0 + 2 / 8) / 2)
   assert s["sm_resident"] == pytest.approx((16 / 12 + 10 / 8) / 2)
-  with pytest.raises(ValueError, match="clock_ghz"):
-    trace_mosaic.per_sm({"traceEvents": a}, clock_ghz=0)
+  for bad in (0, -1.0, float("inf"), float("nan")):
+    with pytest.raises(ValueError, match="clock_ghz"):
+      trace_mosaic.per_sm({"traceEvents": a}, clock_ghz=bad)
   with pytest.raises(ValueError, match="no token_loop"):
     trace_mosaic.per_sm({"traceEvents": _events(1, 1, [("epilogue", 0, 1)])},
                         clock_ghz=2.0)
@@ -111,7 +112,7 @@ def test_profiled_checks_and_restores():
 def test_cli_refuses_bad_arguments():
   for argv in (["--configs", "nope"], ["--rules", "lion"], ["--modes", "fp8"],
                ["--space", "0"], ["--scalars-at", "warp"], ["--reps", "0"],
-               ["--clock-mhz", "0"],
+               ["--clock-mhz", "0"], ["--clock-mhz", "inf"],
                ["--shapes", "bogus"], ["--shapes", "2048:4096x0"]):
     with pytest.raises(SystemExit):
       trace_mosaic.main(argv)
