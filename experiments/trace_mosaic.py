@@ -59,9 +59,10 @@ REGIONS = ("token_loop", "epilogue")
 
 def intervals(trace: dict) -> dict:
   """{(pid, tid): [(name, begin, end), ...]} of a Mosaic GPU profiler trace
-  (``traceEvents`` of nested B/E pairs, ``ts`` in thousands of cycles after
-  each warpgroup's first event), in time order; a region left open (a
-  truncated trace) is dropped.
+  (``traceEvents`` of nested B/E pairs; ``ts``: the warpgroup's start time
+  in ns plus the SM cycles since its first event, over 1e3, so differences
+  within a warpgroup are thousands of cycles), in time order; a region left
+  open (a truncated trace) is dropped.
 
   Raises:
     ValueError: if an E event has no open B of the same name.
@@ -170,6 +171,10 @@ def per_sm(trace: dict, clock_ghz: float) -> dict:
   * ``sm_idle``: the share of the multiprocessor's span (its first event to
     its last) with no CTA in either region (launches, setup, tails);
   * ``sm_resident``: the mean number of CTAs in a region at once.
+
+  The shares depend on ``clock_ghz`` being the clock the kernel ran at (the
+  idle share most). The start times are the global timer's low 32 bits,
+  which wrap every 4.3 s; a trace across a wrap is not detected.
 
   Raises:
     ValueError: if ``clock_ghz`` is not positive or the trace holds no

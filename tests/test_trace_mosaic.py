@@ -49,9 +49,10 @@ def test_summarize_one_warpgroup_ctas_average():
 def test_per_sm_by_hand():
   # Multiprocessor 0 (pid 1): two CTAs out of step; clock 2 GHz, so each
   # CTA's cycles after its first event count half on the common axis. CTA A
-  # starts at 0: token loop [0, 4] µs, epilogue [4, 8]. CTA B starts at 4
-  # (ts0 = 4): token loop [4, 8], epilogue [8, 12].
-  a = _events(1, 1, [("token_loop", 0, 8), ("epilogue", 8, 16)])
+  # starts at 0 with Mosaic's own Init region, as on the GPU: token loop
+  # [0.1, 4] µs, epilogue [4, 8]. CTA B starts at 4 (ts0 = 4): token loop
+  # [4, 8], epilogue [8, 12].
+  a = _events(1, 1, [("Init", 0, 0.2), ("token_loop", 0.2, 8), ("epilogue", 8, 16)])
   b = _events(1, 2, [("token_loop", 4, 12), ("epilogue", 12, 20)])
   # Multiprocessor 1 (pid 2): two CTAs in step (token loops [0, 2] µs,
   # epilogues [2, 4]), then D's second token loop [6, 8] after a gap.
@@ -65,9 +66,10 @@ def test_per_sm_by_hand():
   assert s["sm_epi_under_tl"] == pytest.approx((4 / 8 + 0) / 2)
   # SM 0: no token loop under another's; SM 1: [0, 2] twice of 2 + 4 µs.
   assert s["sm_tl_under_tl"] == pytest.approx((0 + 4 / 6) / 2)
-  # SM 0's span [0, 12] µs is never idle; SM 1's [0, 8] is idle in [4, 6].
+  # SM 0's span [0.1, 12] µs is never idle; SM 1's [0, 8] is idle in [4, 6].
   assert s["sm_idle"] == pytest.approx((0 + 2 / 8) / 2)
-  assert s["sm_resident"] == pytest.approx((16 / 12 + 10 / 8) / 2)
+  # SM 0: A's regions start at 0.2 / 2 = 0.1 µs (after Init); span [0.1, 12].
+  assert s["sm_resident"] == pytest.approx((15.9 / 11.9 + 10 / 8) / 2)
   for bad in (0, -1.0, float("inf"), float("nan")):
     with pytest.raises(ValueError, match="clock_ghz"):
       trace_mosaic.per_sm({"traceEvents": a}, clock_ghz=bad)

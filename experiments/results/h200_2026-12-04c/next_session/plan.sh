@@ -2,7 +2,7 @@
 # 1. If nvidia-h200-x2 is lent: ../../h200_2026-12-03h/next_session/tp2.sh (TP=2, issue 6).
 # 2. Stop 38 found the T=512 tile's two resident CTAs per multiprocessor in step (token loops
 #    together 60-79% of the time). Its staggered layout (commit 930c55f: two one-warpgroup
-#    tiles per CTA, the second a token loop late) was correct but 2.6-2.8x slower, its epilogue
+#    tiles per CTA, the second a token loop late) was correct but 2.6-2.9x slower, its epilogue
 #    four times as long; before another try, read ptxas's register and spill report for it
 #    (checkout 930c55f, MOSAIC_GPU_DUMP_PTXAS=1) and compare it with the default tile's. This
 #    call only re-runs the default tile's trace at the two MLP shapes.
