@@ -3,8 +3,9 @@
 # 2. Stop 38 found the T=512 tile's two resident CTAs per multiprocessor in step (token loops
 #    together 60-79% of the time). Its staggered layout (commit 930c55f: two one-warpgroup
 #    tiles per CTA, the second a token loop late) was correct but 2.6-2.9x slower, its epilogue
-#    four times as long; before another try, read ptxas's register and spill report for it
-#    (checkout 930c55f, MOSAIC_GPU_DUMP_PTXAS=1) and compare it with the default tile's. This
+#    four times as long, with no register spills (call 6's ptxas: 255 registers, 16 barriers).
+#    Before another try, check whether its two warpgroups wait for each other inside the
+#    epilogue (the 16 barriers; commit 930c55f), e.g. with MOSAIC_GPU_DUMP_PTX=1. This
 #    call only re-runs the default tile's trace at the two MLP shapes.
 source devrun/env.sh
 PYTHONPATH=. timeout 240 python -m experiments.trace_mosaic --shapes 512:4096x14336,512:14336x4096 --modes bf16-sr --rules adamw --configs default --dir $OUT/traces > $OUT/trace512.log 2>&1; echo "rc=$?" >> $OUT/trace512.log
