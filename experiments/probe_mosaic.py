@@ -126,6 +126,11 @@ CONFIGS = {
                              transpose_x=False),
     "WS_n128s3e32noT": C(128, 128, 64, 3, epi_n=32, compute_wgs=2,
                          transpose_x=False),
+    # stop 39, T=512: the tile order (g<N> = group_m N: tile rows per group,
+    # column-major inside it) and a wider one-warpgroup tile
+    **{f"m128n128t64s3noTg{g}": C(128, 128, 64, 3, transpose_x=False, group_m=g)
+       for g in (1, 2, 4, 16, 32)},
+    "m64n256t64s2noT": C(64, 256, 64, 2, transpose_x=False),
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
