@@ -30,14 +30,6 @@ def _mix32(h: jax.Array) -> jax.Array:
   return h ^ (h >> 16)
 
 
-PAIRED_BITS = False
-"""One hash per pair of elements (indices 2k and 2k+1: the low and the high
-16 bits) instead of one per element; stochastic rounding uses 16 bits. A
-switch for stop 39's comparison of the kernel's epilogue instructions; it
-changes the random stream of every implementation alike. Set it before
-tracing."""
-
-
 def random_bits(seed: jax.Array, step: jax.Array, index: jax.Array) -> jax.Array:
   """uint32 pseudo-random bits for each element ``index`` at ``step``.
 
@@ -51,11 +43,7 @@ def random_bits(seed: jax.Array, step: jax.Array, index: jax.Array) -> jax.Array
   """
   key = _mix32(_mix32(jnp.asarray(seed).astype(_U32) ^ _U32(0x9E3779B9))
                ^ jnp.asarray(step).astype(_U32))
-  index = jnp.asarray(index).astype(_U32)
-  if PAIRED_BITS:
-    bits = _mix32((index >> _U32(1)) * _U32(0x9E3779B1) ^ key)
-    return bits >> ((index & _U32(1)) << _U32(4))
-  return _mix32(index * _U32(0x9E3779B1) ^ key)
+  return _mix32(jnp.asarray(index).astype(_U32) * _U32(0x9E3779B1) ^ key)
 
 
 def stochastic_round_to_bf16(x: jax.Array, bits: jax.Array) -> jax.Array:

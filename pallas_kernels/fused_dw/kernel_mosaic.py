@@ -323,16 +323,19 @@ class MosaicConfig:
     states below T=2048 its tiles go row by row (``group_m=1``) where dY
     (bf16) takes at most ``ROW_ORDER_MAX_DY_BYTES`` and there are at least
     four tiles per multiprocessor. Stop 39's probes (AdamW, T=512, W rounded
-    stochastically, three runs) had 0.281, 0.288 and 0.289 ms against
-    0.295–0.301 at 4096→14336, 0.272, 0.276 and 0.282 against 0.285–0.290
-    at 14336→4096 (to nearest, one run: 0.260 against 0.281, 0.255 against
-    0.269), 0.097 and 0.090 against 0.095–0.097 at 4096→4096; presumably
-    because W's and the moments' rows are then read and written by CTAs
-    running at the same time. Not where dY is large or the tiles few: the
-    head 4096→128256 (dY 131 MB, re-read from HBM for every row of tiles)
-    took 2.800 against 2.553 ms row by row, 4096→1024 (256 tiles, one
-    wave) 0.038 against 0.028 (between two and four tiles per
-    multiprocessor was not measured)."""
+    stochastically; three calls, one or two rounds each): 0.281–0.289 ms
+    against 0.293–0.301 for groups of 8 at 4096→14336, 0.272–0.282 against
+    0.285–0.290 at 14336→4096 (to nearest, one run: 0.260 against 0.281,
+    0.255 against 0.269), 0.087–0.097 against 0.090–0.097 at 4096→4096;
+    presumably because W's and the moments' rows are then read and written
+    by CTAs running at the same time. Not where dY is large: the head
+    4096→128256 (dY 131 MB, re-read from HBM for every row of tiles) took
+    2.785 and 2.800 against 2.577 and 2.553 ms row by row. 4096→1024 (256
+    tiles, one wave) gave 0.028 and 0.038 against 0.066 and 0.028:
+    inconclusive, so fewer than four tiles per multiprocessor keep groups
+    of 8. The scanned Llama-3.1-8B step at T=512 did not change measurably
+    (two alternating runs each, ms waited for / back to back: 80.4 / 79.5
+    and 79.6 / 79.4 against 80.5 / 79.6 and 79.8 / 79.5)."""
     pp = warp_specialized and not interpret
 
     def enough(bm, bn, per_sm=2):
@@ -525,7 +528,6 @@ class _SplitRule:
   in_kernel: tuple           # the other equations
   scalars: tuple             # hoisted variables that the kernel reads
   num_scalar_inputs: int     # trailing invars on the scalar side (hp, seeds)
-  fast_math: bool = False    # FAST_MATH's replacements (compiled kernels)
 
 
 def _split_rule(rule, tile_shape: tuple[int, int],
@@ -646,58 +648,12 @@ def _lowers(primitive) -> bool:
   return rules is not None and primitive in rules
 
 
-FAST_MATH = False
-"""The compiled kernel's fp32 square roots and divisions of tiles as the
-flush-to-zero PTX approximations (``sqrt.approx.ftz.f32``; a / b as a ·
-``rcp.approx.ftz.f32``(b)) instead of the code XLA's and Mosaic GPU's
-defaults give (``sqrt.approx.f32`` and ``div.full.f32``, each with SASS that
-rescales subnormal operands). A switch for stop 39's comparison; set it
-before the kernel is traced (the kernel's jit caches its lowering). The CPU
-interpreter always takes the plain operations."""
-
-
-def _fast_tile(x) -> bool:
-  return (x.dtype == jnp.float32 and x.ndim == 2 and x.shape[0] % 64 == 0
-          and x.shape[1] % 8 == 0)
-
-
-def _ptx_unary(x, instr: str):
-  """``instr`` (a unary fp32 PTX instruction) on each element of a tile in
-  the wgmma accumulator's layout."""
-  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
-
-  @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA,),
-      return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float32,
-                                         layout=plgpu.Layout.WGMMA))
-  def apply(ctx, v):
-    del ctx
-    return v._pointwise(mgpu.FragmentedArray._lift_fast_instr(instr))  # pylint: disable=protected-access
-  return apply(x)
-
-
-def _fast_sqrt(x, **params):
-  if not _fast_tile(x):
-    return lax.sqrt_p.bind(x, **params)
-  return _ptx_unary(x, "sqrt.approx.ftz.f32")
-
-
-def _fast_div(a, b, **params):
-  if not (_fast_tile(b) and jnp.shape(a) == b.shape and a.dtype == b.dtype):
-    return lax.div_p.bind(a, b, **params)
-  return a * _ptx_unary(b, "rcp.approx.ftz.f32")
-
-
-def _missing_lowerings(fast_math: bool = False) -> dict:
-  """Replacements for primitives this jax's Mosaic GPU cannot lower (and,
-  with ``fast_math``, :data:`FAST_MATH`'s)."""
+def _missing_lowerings() -> dict:
+  """Replacements for primitives this jax's Mosaic GPU cannot lower."""
   replace = {lax.select_n_p: _select_n_broadcast}
   rules = _wg_lowering_rules()
   if rules is not None and lax.sqrt_p not in rules:
     replace[lax.sqrt_p] = _sqrt_via_rsqrt
-  if fast_math:
-    replace[lax.sqrt_p] = _fast_sqrt
-    replace[lax.div_p] = _fast_div
   return replace
 
 
@@ -791,8 +747,7 @@ def _rule_in_kernel(split: _SplitRule, scalar_ref, grad, w, state,
       value = value.astype(v.aval.dtype)
     env[v] = jnp.reshape(value, v.aval.shape) if v.aval.shape else value
   env = _eval_eqns(split.in_kernel, env,
-                   _missing_lowerings(split.fast_math) if replace is None
-                   else replace)
+                   _missing_lowerings() if replace is None else replace)
   outs = [v.val if isinstance(v, _Literal) else env[v] for v in jaxpr.outvars]
   return outs[0], tuple(outs[1:])
 
@@ -1420,8 +1375,6 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   sr = seed is not None  # the API allows a seed only with a bf16 W
   split = _split_rule(rule, tile, round_to=w.dtype if sr else None,
                       index_width=w.shape[1] if index_width is None else index_width)
-  if FAST_MATH and not interpret:
-    split = dataclasses.replace(split, fast_math=True)
   seeds = None
   if sr:  # as the Triton kernel: [seed, row0, col0] of this (shard of) W
     seeds = jnp.stack([reference.as_uint32(v) for v in (seed, *index_offset)])
