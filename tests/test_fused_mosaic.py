@@ -257,21 +257,6 @@ def test_config_validation(kwargs, match):
 def test_default_config_fits_64_multiples(rng):
   assert MosaicConfig.default(2048, 4096, 14336) == MosaicConfig()
   assert MosaicConfig.default(512, 4096, 14336) == MosaicConfig(transpose_x=False)
-  # bf16 W and states below T=2048: the one-warpgroup tile goes row by row
-  # where dY fits in L2 and there are four tiles per multiprocessor.
-  assert MosaicConfig.default(512, 4096, 14336, narrow=True) == MosaicConfig(
-      transpose_x=False, group_m=1)
-  for t, d_in, d_out, narrow, g in (
-      (512, 14336, 4096, True, 1), (512, 4096, 4096, True, 1),
-      (1024, 4096, 4096, True, 1), (512, 4096, 14336, False, 8),
-      (2048, 4096, 4096, True, 8), (1024, 4096, 14336, True, 8),  # dY 29 MB
-      (512, 4096, 128256, True, 8),  # the head: dY 131 MB
-      (512, 4096, 1024, True, 8), (512, 4096, 2048, True, 8)):  # < 528 tiles
-    assert MosaicConfig.default(t, d_in, d_out, narrow=narrow).group_m == g, (
-        t, d_in, d_out, narrow)
-  assert MosaicConfig.default(512, 4096, 14336, narrow=True,
-                              warp_specialized=False).group_m == 1
-  assert MosaicConfig.default(512, 4096, 14336, int8_states=True).group_m == 8
   # The interpreter has no transposed views: the default always transposes.
   assert MosaicConfig.default(512, 4096, 14336, interpret=True).transpose_x
   # x through the transposed view for narrow W (out <= 1024) at every T,

@@ -319,23 +319,7 @@ class MosaicConfig:
     at T=512 the same-run probe (W rounded to nearest) had the two level
     (ping-pong 0.276 against 0.286 ms), and with stochastic rounding
     ping-pong took 0.460 ms in one run against the one-warpgroup tile's
-    0.321 in another, so the one-warpgroup tile stays. With bf16 W and
-    states below T=2048 its tiles go row by row (``group_m=1``) where dY
-    (bf16) takes at most ``ROW_ORDER_MAX_DY_BYTES`` and there are at least
-    four tiles per multiprocessor. Stop 39's probes (AdamW, T=512, W rounded
-    stochastically; three calls, one or two rounds each): 0.281–0.289 ms
-    against 0.293–0.301 for groups of 8 at 4096→14336, 0.272–0.282 against
-    0.285–0.290 at 14336→4096 (to nearest, one run: 0.260 against 0.281,
-    0.255 against 0.269), 0.087–0.097 against 0.090–0.097 at 4096→4096;
-    presumably because W's and the moments' rows are then read and written
-    by CTAs running at the same time. Not where dY is large: the head
-    4096→128256 (dY 131 MB, re-read from HBM for every row of tiles) took
-    2.785 and 2.800 against 2.577 and 2.553 ms row by row. 4096→1024 (256
-    tiles, one wave) gave 0.028 and 0.038 against 0.066 and 0.028:
-    inconclusive, so fewer than four tiles per multiprocessor keep groups
-    of 8. The scanned Llama-3.1-8B step at T=512 did not change measurably
-    (two alternating runs each, ms waited for / back to back: 80.4 / 79.5
-    and 79.6 / 79.4 against 80.5 / 79.6 and 79.8 / 79.5)."""
+    0.321 in another, so the one-warpgroup tile stays."""
     pp = warp_specialized and not interpret
 
     def enough(bm, bn, per_sm=2):
@@ -357,12 +341,9 @@ class MosaicConfig:
       if not narrow and t >= 8192:
         return cls(max_concurrent_steps=5, epi_n=16, compute_wgs=2,
                    ping_pong=True)
-    bm, bn = (128 if d_in % 128 == 0 else 64), (128 if d_out % 128 == 0 else 64)
-    rows = (narrow and t < 2048 and 2 * t * d_out <= ROW_ORDER_MAX_DY_BYTES
-            and (d_in // bm) * (d_out // bn) >= 4 * num_sms())
-    return cls(block_m=bm, block_n=bn,
-               transpose_x=interpret or (t >= 2048 and d_out > NARROW_OUT),
-               group_m=1 if rows else 8)
+    return cls(block_m=128 if d_in % 128 == 0 else 64,
+               block_n=128 if d_out % 128 == 0 else 64,
+               transpose_x=interpret or (t >= 2048 and d_out > NARROW_OUT))
 
 
 def cta_block_n(config: MosaicConfig) -> int:
@@ -376,13 +357,6 @@ NARROW_OUT = 1024
 and Qwen3-14B), with fp32 or bf16 states, reads x through a transposed
 shared-memory view on the one-warpgroup tile at every T, and takes ping-pong
 only with at least four tiles per multiprocessor (``MosaicConfig.default``)."""
-
-
-ROW_ORDER_MAX_DY_BYTES = 16 * 1024 * 1024
-"""dY bytes up to which :meth:`MosaicConfig.default` orders bf16 tiles row by
-row below T=2048: each row of tiles reads all of dY, which should stay in
-the L2 cache (50 MB on the H200) beside the streamed W and moments; 4096→14336
-at T=512 has 14.7 MB, the 128256-column head 131 MB (stop 39)."""
 
 
 SMEM_BYTES = 227 * 1024
