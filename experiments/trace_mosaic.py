@@ -152,6 +152,18 @@ def _union(spans):
   return out
 
 
+def cta_regions(trace: dict, clock_ghz: float) -> list:
+  """[(pid, [(name, begin, end), ...]), ...]: each CTA's regions of
+  :func:`intervals` on one time axis across CTAs, µs, as ``ts0 + (ts - ts0)
+  / clock_ghz`` (ts0: the CTA's first event; see :func:`per_sm`)."""
+  out = []
+  for (pid, _), rows in intervals(trace).items():
+    ts0 = rows[0][1]
+    out.append((pid, [(n, ts0 + (b - ts0) / clock_ghz, ts0 + (e - ts0) / clock_ghz)
+                      for n, b, e in rows]))
+  return out
+
+
 def per_sm(trace: dict, clock_ghz: float) -> dict:
   """How the CTAs that share a multiprocessor overlap (the one-warpgroup
   tile: one CTA per tile, several resident on a multiprocessor at once).
@@ -183,12 +195,10 @@ def per_sm(trace: dict, clock_ghz: float) -> dict:
   if not 0 < clock_ghz < float("inf"):
     raise ValueError(f"clock_ghz={clock_ghz!r} must be > 0 and finite")
   sms = collections.defaultdict(list)  # pid -> [{region: [(b, e)]}] per CTA
-  for (pid, _), rows in intervals(trace).items():
+  for pid, rows in cta_regions(trace, clock_ghz):
     if not any(n == "token_loop" for n, _, _ in rows):
       continue
-    ts0 = rows[0][1]
-    real = lambda t, ts0=ts0: ts0 + (t - ts0) / clock_ghz
-    sms[pid].append({n: [(real(b), real(e)) for m, b, e in rows if m == n]
+    sms[pid].append({n: [(b, e) for m, b, e in rows if m == n]
                      for n in REGIONS})
   if not sms:
     raise ValueError("trace: no token_loop region recorded")

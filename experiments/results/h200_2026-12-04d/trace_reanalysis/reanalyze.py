@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from experiments.trace_mosaic import intervals
+from experiments.trace_mosaic import cta_regions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 C = os.path.join(HERE, "..", "..", "h200_2026-12-04c")
@@ -23,12 +23,7 @@ PERSISTENT = os.path.join(C, "call2_persistent_stream/traces/T_512_4096x14336_bf
 
 
 def ctas(path, clock_ghz):
-  out = []
-  for (pid, tid), rows in intervals(json.load(open(path))).items():
-    ts0 = rows[0][1]
-    out.append((pid, [(n, ts0 + (b - ts0) / clock_ghz, ts0 + (e - ts0) / clock_ghz)
-                      for n, b, e in rows]))
-  return out
+  return cta_regions(json.load(open(path)), clock_ghz)
 
 
 def over_time(cs, step_us=5.0):
