@@ -131,6 +131,16 @@ CONFIGS = {
     **{f"m128n128t64s3noTg{g}": C(128, 128, 64, 3, transpose_x=False, group_m=g)
        for g in (1, 2, 4, 16, 32)},
     "m64n256t64s2noT": C(64, 256, 64, 2, transpose_x=False),
+    # stop 40, T=512: the first wave's second CTA per multiprocessor starts
+    # d<N> microseconds late (o: the odd CTAs instead), so that the two
+    # resident CTAs are out of step
+    **{f"m128n128t64s3noTd{d}": C(128, 128, 64, 3, transpose_x=False,
+                                   start_delay_ns=1000 * d)
+       for d in (2, 4, 6, 9, 12)},
+    **{f"m128n128t64s3noTd{d}o": C(128, 128, 64, 3, transpose_x=False,
+                                    start_delay_ns=1000 * d,
+                                    start_delay_ctas="odd")
+       for d in (4, 6, 9)},
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
