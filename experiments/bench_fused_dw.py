@@ -18,7 +18,11 @@ host's dispatch of its call (stops 14 to 23 measured this way). The variants:
 
 * ``xla dW``: dW = xᵀ·dY alone (bf16 operands, fp32 result), once per shape;
 * ``unfused``: XLA dW, then the same rule on the whole array, jitted with W
-  and state donated (the unfused baseline, the same storage formats);
+  and state donated (the unfused baseline, the same storage formats); dW
+  in fp32, or rounded to bf16 by the matmul with ``--unfused-grad-dtype
+  bfloat16``, as an unfused step with bf16 params (optax's) keeps it
+  (stop 40: in the 8B model that step's dW and update ran at their floors,
+  faster than this baseline with fp32 dW);
 * ``fused``: the Pallas Triton kernel (default tile configuration);
 * ``mosaic`` (``--mosaic``): the Pallas Mosaic GPU kernel (TMA + wgmma,
   ``mosaic_default_config``), where the case is in its scope (else the reason);
@@ -390,11 +394,14 @@ def torch_adamw_seconds(t: int, d_in: int, d_out: int, reps: int,
 
 def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
                tune=False, mosaic=False, chain=0, rounds=3, triton=True,
-               barrier="all"):
+               barrier="all", unfused_grad_dtype="float32"):
   """One (rule, mode, shape): checked, then unfused and fused timed; ``chain``
   > 0 times :func:`chained` ops (and checks the chain; ``barrier`` as
   :func:`chained`'s), 0 one op per call.
-  ``triton=False`` leaves the Triton kernel out (no ``fused_s``)."""
+  ``triton=False`` leaves the Triton kernel out (no ``fused_s``).
+  ``unfused_grad_dtype``: the dtype of the timed unfused step's dW
+  (``fused_dw_update_reference``'s ``grad_dtype``); the kernels are checked
+  against the fp32 one either way."""
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
   check = dict(HYPERPARAMS, learning_rate=CHECK_LEARNING_RATE)
@@ -436,8 +443,10 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
                                 implementation=impl, interpret=interpret,
                                 in_place=True)
                 if impl in ("triton", "mosaic")
-                else fused_dw_update_reference(x, dy, w_, st, hp_, rule=rule,
-                                               seed=seed))
+                else fused_dw_update_reference(
+                    x, dy, w_, st, hp_, rule=rule, seed=seed,
+                    grad_dtype=jnp.bfloat16 if impl == "xla-bf16dW"
+                    else jnp.float32))
       return tuple(_flat(nw, ns))
     return step
 
@@ -451,6 +460,8 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
                       interpret=interpret, reps=max(5, reps // 3))
   copy = lambda: [jnp.copy(a) for a in _flat(w, state)]  # noqa: E731
   want = unfused.results(copy, rest_check)
+  if unfused_grad_dtype == "bfloat16":
+    unfused = make("xla-bf16dW")
   t_unfused = unfused.seconds(copy(), rest)
   extra = {}
   if triton:
@@ -464,7 +475,7 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   moved = (2 * t * (d_in + d_out) + 2 * _storage_bytes(n, w_dtype)
            + 2 * len(rule.state_names) * _storage_bytes(n_state, state_dtype))
   return dict(rule=rule.name, mode=mode, unfused_s=t_unfused, bytes=moved,
-              **extra)
+              unfused_grad_dtype=unfused_grad_dtype, **extra)
 
 
 class _Variant:
@@ -586,7 +597,10 @@ def _timing_line(rows) -> str:
          + (", x and dY outside the barriers"
             if rows[0].get("barrier") == "state" else "")
          if timing == "chain" else "one op per jitted call")
-  return f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else "")
+  grads = sorted({r.get("unfused_grad_dtype", "float32") for r in rows
+                  if "error" not in r})
+  return (f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else "")
+          + f"; unfused dW: {', '.join(grads) or 'float32'}")
 
 
 def print_table_by_shape(rows, flops_peak: float, bw_peak: float) -> None:
@@ -713,6 +727,11 @@ def main(argv=None):
                  "barrier holds: all = x, dY, W, states and hyperparameters; "
                  "state = all but x and dY (needs --chain <= 3, the sets "
                  "rotated)")
+  p.add_argument("--unfused-grad-dtype", choices=("float32", "bfloat16"),
+                 default="float32",
+                 help="dW's dtype in the timed unfused step: float32 (the "
+                 "fused op's reference) or bfloat16 (as an unfused step with "
+                 "bf16 params, e.g. optax's, keeps its gradient; stop 40)")
   p.add_argument("--rounds", type=int, default=3,
                  help="rounds of --reps ops (the median is kept) with "
                  "--timing chain")
@@ -819,7 +838,7 @@ def main(argv=None):
         try:
           r = bench_case(rule, mode, t, d_in, d_out, sets, a.reps, rng,
                          a.interpret, a.autotune, a.mosaic, chain, a.rounds,
-                         a.triton, a.barrier)
+                         a.triton, a.barrier, a.unfused_grad_dtype)
         except Exception as e:  # reported, not hidden: the table shows it
           r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
                    f"{str(e)[:200]}", bytes=float("nan"))

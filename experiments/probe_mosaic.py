@@ -2,7 +2,9 @@
 
 For each shape (T:in x out) and storage mode, times the rule's (``--rule``:
 AdamW, or SGD, whose kernel is its token loop and W's own pass) unfused step
-(XLA dW, then the update, W and state donated), the Triton kernel (default tile)
+(XLA dW, then the update, W and state donated; ``xla``: dW in fp32, the op's
+reference; ``xla-bf16dW``: dW rounded to bf16 by the matmul, as an unfused step
+with bf16 parameters such as optax's keeps it, timed only), the Triton kernel (default tile)
 and the Mosaic kernel with each named :class:`MosaicConfig`, each checked
 against the unfused result first, and prints one line per shape with the
 floor (nominal H200 peaks, as ``bench_fused_dw``). Times are per op of
@@ -131,16 +133,6 @@ CONFIGS = {
     **{f"m128n128t64s3noTg{g}": C(128, 128, 64, 3, transpose_x=False, group_m=g)
        for g in (1, 2, 4, 16, 32)},
     "m64n256t64s2noT": C(64, 256, 64, 2, transpose_x=False),
-    # stop 40, T=512: the first wave's second CTA per multiprocessor starts
-    # d<N> microseconds late (o: the odd CTAs instead), so that the two
-    # resident CTAs are out of step
-    **{f"m128n128t64s3noTd{d}": C(128, 128, 64, 3, transpose_x=False,
-                                   start_delay_ns=1000 * d)
-       for d in (2, 4, 6, 9, 12)},
-    **{f"m128n128t64s3noTd{d}o": C(128, 128, 64, 3, transpose_x=False,
-                                    start_delay_ns=1000 * d,
-                                    start_delay_ctas="odd")
-       for d in (4, 6, 9)},
 }
 HP = dict(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 
@@ -222,9 +214,10 @@ def main(argv=None):
         def step(x, dy, *args):
           flat, hp_, seed = step_args(args, n_flat)
           w_, st = _unflat(flat, like)
-          if impl == "xla":
-            nw, ns = fused_dw_update_reference(x, dy, w_, st, hp_, rule=rule,
-                                               seed=seed)
+          if impl in ("xla", "xla-bf16dW"):
+            nw, ns = fused_dw_update_reference(
+                x, dy, w_, st, hp_, rule=rule, seed=seed,
+                grad_dtype=jnp.bfloat16 if impl == "xla-bf16dW" else jnp.float32)
           else:
             nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=rule,
                                      implementation=impl, config=cfg,
@@ -238,6 +231,10 @@ def main(argv=None):
       unfused = make_step("xla")
       want = unfused.results(copy, [hp_check, *seeds])
       times = {"xla": unfused.seconds(copy(), [hp, *seeds])}
+      t0 = time.time()
+      times["xla-bf16dW"] = make_step("xla-bf16dW").seconds(copy(), [hp, *seeds])
+      print(f"T={t} {d_in}x{d_out} {mode} xla-bf16dW: {times['xla-bf16dW'] * 1e3:.3f} ms "
+            f"(unchecked baseline; compile+run {time.time() - t0:.1f}s)", flush=True)
       for name, impl, cfg in [("triton", "triton", None)] * (not a.no_triton) + [
           (n, "mosaic", CONFIGS[n]) for n in names]:
         t0 = time.time()

@@ -46,6 +46,31 @@ def test_bench_checks_cases_and_floors_from_nominal_peaks(tmp_path, capsys):
   assert "floor peaks (measured in that run): 791 TFLOP/s" in capsys.readouterr().out
 
 
+def test_bench_times_a_bf16_gradient_baseline_and_still_checks_fp32(
+    tmp_path, capsys, monkeypatch):
+  # --unfused-grad-dtype bfloat16 times the unfused step with dW rounded to
+  # bf16; the kernel is still checked against the fp32 reference.
+  from pallas_kernels.fused_dw import reference  # pylint: disable=g-import-not-at-top
+  seen = []
+  real = reference.fused_dw_update_reference
+
+  def spy(*args, grad_dtype=jnp.float32, **kw):
+    seen.append(jnp.dtype(grad_dtype).name)
+    return real(*args, grad_dtype=grad_dtype, **kw)
+  monkeypatch.setattr(bench_fused_dw, "fused_dw_update_reference", spy)
+  rows = bench_fused_dw.main([
+      "--shapes", "40:48x80", "--rules", "adamw", "--modes", "bf16-sr-bf16", "--reps",
+      "1", "--peak-size", "128", "--interpret", "--unfused-grad-dtype",
+      "bfloat16", "--out", str(tmp_path)])
+  (r,) = rows
+  assert "error" not in r and r["rel_err"] < 1e-2
+  assert r["unfused_grad_dtype"] == "bfloat16" and r["unfused_s"] > 0
+  assert {"float32", "bfloat16"} <= set(seen)  # checked in fp32, timed in bf16
+  assert "unfused dW: bfloat16" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    bench_fused_dw.main(["--unfused-grad-dtype", "float16", "--interpret"])
+
+
 @pytest.mark.parametrize("peaks", ["1e12", "0,4.3e12", "nan,nan", "790e12,-1"])
 def test_bad_peaks_is_refused_before_measuring(peaks):
   with pytest.raises(SystemExit, match="--peaks: expected FLOPS,BYTES_PER_S"):
@@ -126,6 +151,8 @@ def test_mosaic_tile_probe_checks_int8_states_before_timing(capsys):
   assert "int8 triton:" in out and "int8 m64n128t64s4:" in out
   assert "WRONG" not in out and "ERROR" not in out
   assert len(lines) == 1 and "m64n128t64s4" in lines[0]
+  # The bf16-gradient unfused baseline is timed beside the fp32 one.
+  assert "int8 xla-bf16dW:" in out and "| xla-bf16dW " in lines[0]
   with pytest.raises(SystemExit, match="--modes"):
     probe_mosaic.main(["--shapes", "64:128x128", "--modes", "fp8",
                        "--configs", "m64n128t64s4", "--interpret"])

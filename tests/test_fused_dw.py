@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 import pytest
 
@@ -85,6 +86,33 @@ def test_reference_is_dw_then_adamw(rng):
   assert rel_err(new_w, np.asarray(w, np.float64) - lr * u) < 1e-6
   assert rel_err(new_mu, m) < 1e-6
   assert rel_err(new_nu, v) < 1e-6
+
+
+def test_reference_with_bf16_grad_rounds_dw_before_the_update(rng):
+  """grad_dtype=bfloat16 is the fp32 dW rounded to bf16, then the same update
+  (the timing baseline of an unfused step with bf16 gradients)."""
+  x, dy, w, state, hp = _inputs(rng, 40, 24, 40, jnp.bfloat16)
+  got = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW,
+                                  grad_dtype=jnp.bfloat16)
+  g = lax.dot_general(x, dy, (((0,), (0,)), ((), ())),
+                      preferred_element_type=jnp.float32)
+  named, count = ADAMW.unpack(hp)
+  want = ADAMW.update_masked(g.astype(jnp.bfloat16).astype(jnp.float32), w,
+                             state, named, count)
+  for a, b in zip((got[0], *got[1]), (want[0], *want[1])):
+    assert rel_err(a, b) <= 1e-6
+  fp32 = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW)
+  # The rounding happened: the first moment moves by (1 - b1) * dW, and dW
+  # rounded to bf16 differs from the fp32 dW in most elements.
+  assert float(jnp.max(jnp.abs(got[1][0] - fp32[1][0]))) > 0
+  assert rel_err(got[1][0], fp32[1][0]) <= 2 ** -7
+
+
+@pytest.mark.parametrize("bad", [jnp.float16, jnp.int8, "float64"])
+def test_reference_refuses_other_grad_dtypes(rng, bad):
+  x, dy, w, state, hp = _inputs(rng, 4, 8, 8, jnp.float32)
+  with pytest.raises(ValueError, match="grad_dtype=.* must be float32 or bfloat16"):
+    fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW, grad_dtype=bad)
 
 
 def test_several_token_blocks_and_tiles_with_default_config(rng):

@@ -248,11 +248,6 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
     (dict(ping_pong=1, compute_wgs=2), "ping_pong=1 must be a bool"),
     (dict(ping_pong=True, compute_wgs=2, max_concurrent_steps=1),
      "max_concurrent_steps >= 2"),
-    (dict(start_delay_ns=-1), "start_delay_ns=-1 must be in"),
-    (dict(start_delay_ns=2_000_000), "start_delay_ns=2000000 must be in"),
-    (dict(start_delay_ns=1.5), "start_delay_ns=1.5 must be an int"),
-    (dict(start_delay_ctas="even"), "start_delay_ctas='even' must be"),
-    (dict(start_delay_ns=100, compute_wgs=2), "start_delay_ns is the one-warpgroup"),
 ])
 def test_config_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -1107,40 +1102,3 @@ def test_int8_scales_in_the_kernel_layout_are_not_transposed(rng):
             if "stablehlo.transpose" in l and "xf32>" in l]
   assert len(f32_transposes(natural)) == 4
   assert f32_transposes(transposed) == []
-
-
-# A start delay for some CTAs (MosaicConfig.start_delay_ns) changes only when
-# they run: the same values as the reference, compiled on the GPU (the
-# interpreter, which has no clock, runs the kernel without it); its
-# lowering carries the wait on the global timer.
-DELAY_CONFIGS = [MosaicConfig(block_m=64, block_n=64, max_concurrent_steps=2,
-                              start_delay_ns=3000, start_delay_ctas=which)
-                 for which in ("second", "odd")]
-
-
-@pytest.mark.parametrize("interpret", INTERPRET)
-@pytest.mark.parametrize("config", DELAY_CONFIGS, ids=["second", "odd"])
-def test_start_delay_matches_reference(rng, config, interpret):
-  # Compiled: 10 × 28 = 280 tiles, so that grid indices in [S, 2S) exist
-  # for S = 132 multiprocessors ('second').
-  d_in, d_out = (192, 320) if interpret else (640, 1792)
-  args = _inputs(rng, rules.ADAMW, 128, d_in, d_out, w_dtype=jnp.bfloat16,
-                 state_dtype=jnp.bfloat16)
-  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5))
-  got = jax.jit(lambda *a: fused_dw_update(
-      *a, implementation="mosaic", config=config, interpret=interpret,
-      **kw))(*args)
-  want = fused_dw_update_reference(*args, **kw)
-  assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
-  for g, r in zip(got[1], want[1]):
-    assert rel_err(g, r) <= 2 ** -8
-
-
-@pytest.mark.parametrize("config", DELAY_CONFIGS, ids=["second", "odd"])
-def test_start_delay_lowers_for_cuda(rng, config):
-  args = _inputs(rng, rules.ADAMW, 128, 128, 256)
-  lowered = lambda c: jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
-      *a, rule=rules.ADAMW, config=c, interpret=False)).trace(*args).lower(
-          lowering_platforms=("cuda",)).as_text()
-  assert "globaltimer" in lowered(config)
-  assert "globaltimer" not in lowered(dataclasses.replace(config, start_delay_ns=0))

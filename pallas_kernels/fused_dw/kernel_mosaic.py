@@ -183,15 +183,6 @@ class MosaicConfig:
       the same time ("cooperative").
     num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
       device's multiprocessor count.
-    start_delay_ns: with compute_wgs=1, the CTAs of the first wave's second
-      half (``start_delay_ctas``) wait this many nanoseconds before their
-      token loop, so that the two CTAs a multiprocessor holds at once do
-      not start in step (stop 38's trace: they run their token loops
-      together 60–79% of the time). 0: no delay. Compiled kernels only.
-    start_delay_ctas: which CTAs wait: ``'second'``: grid indices
-      [S, 2S) for S multiprocessors (the block scheduler's second CTA per
-      multiprocessor, if it fills them breadth first); ``'odd'``: odd
-      indices below 2S.
   """
 
   block_m: int = 128
@@ -208,13 +199,11 @@ class MosaicConfig:
   compute_wgs: int = 1
   ping_pong: bool = False
   num_ctas: int | None = None
-  start_delay_ns: int = 0
-  start_delay_ctas: str = "second"
 
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_t", "max_concurrent_steps",
                  "epi_m", "epi_n", "group_m", "epi_slots", "epi_ahead",
-                 "compute_wgs", "start_delay_ns"):
+                 "compute_wgs"):
       v = getattr(self, name)
       if not isinstance(v, int) or isinstance(v, bool):
         raise ValueError(f"MosaicConfig.{name}={v!r} must be an int")
@@ -243,15 +232,6 @@ class MosaicConfig:
                        f">= 2; got {self.max_concurrent_steps}")
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
-    if not 0 <= self.start_delay_ns <= 1_000_000:
-      raise ValueError(f"MosaicConfig.start_delay_ns={self.start_delay_ns} must "
-                       "be in [0, 1000000] (PTX nanosleep's range)")
-    if self.start_delay_ctas not in ("second", "odd"):
-      raise ValueError(f"MosaicConfig.start_delay_ctas={self.start_delay_ctas!r} "
-                       "must be 'second' or 'odd'")
-    if self.start_delay_ns and self.compute_wgs != 1:
-      raise ValueError("MosaicConfig.start_delay_ns is the one-warpgroup "
-                       f"layout's (compute_wgs=1); got compute_wgs={self.compute_wgs}")
     if self.epi_slots not in (2, 3, 4):
       raise ValueError(f"MosaicConfig.epi_slots={self.epi_slots} must be 2, 3 or 4")
     if not 1 <= self.epi_ahead <= self.epi_slots:
@@ -958,30 +938,6 @@ def _operands(x_ref, dy_ref, refs, config: MosaicConfig, layout: _Layout,
   return n_arr, in_refs, out_refs, t, d_in, dy_ref.shape[1], subs
 
 
-def _spin_ns(ns: int):
-  """Busy-waits ``ns`` nanoseconds on the global timer (inline PTX; every
-  thread of the warpgroup). ``pl.delay`` (PTX ``nanosleep``), tried first,
-  slept about 2.5 µs when asked for 6 (stop 40's trace; PTX allows 0 to
-  twice the time asked)."""
-  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir.dialects import llvm  # pylint: disable=g-import-not-at-top
-
-  @plgpu.inline_mgpu()
-  def spin(ctx):
-    del ctx
-    llvm.inline_asm(
-        ir.Type.parse("!llvm.void"), [],
-        "{\n.reg .u64 t0, t1;\n.reg .pred p;\n"
-        "mov.u64 t0, %globaltimer;\n"
-        "spin${:uid}:\n"
-        "mov.u64 t1, %globaltimer;\n"
-        "sub.u64 t1, t1, t0;\n"
-        f"setp.lt.u64 p, t1, {int(ns)};\n"
-        "@p bra spin${:uid};\n}",
-        "", has_side_effects=True)
-  spin()
-
-
 def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
             layout: _Layout, grid_axis: str, in_place: bool):
   n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
@@ -989,17 +945,9 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
 
-  pid = lax.axis_index(grid_axis)
-  m_i, n_i = tiling.grouped_tile(pid, d_in // bm, d_out // bn, config.group_m)
+  m_i, n_i = tiling.grouped_tile(lax.axis_index(grid_axis), d_in // bm,
+                                 d_out // bn, config.group_m)
   slots = config.epi_slots
-  if config.start_delay_ns:
-    sms = num_sms()
-    late = ((pid >= sms) & (pid < 2 * sms) if config.start_delay_ctas == "second"
-            else (pid % 2 == 1) & (pid < 2 * sms))
-
-    @pl.when(late)
-    def _():
-      _spin_ns(config.start_delay_ns)
 
   def origin(s):
     return m_i * bm + subs[s][0] * em, n_i * bn + subs[s][1] * en
@@ -1396,8 +1344,6 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   if reason:
     raise ValueError(f"implementation='mosaic': {reason}")
   check_in_place(in_place)
-  if interpret and config.start_delay_ns:  # timing only; no CPU lowering
-    config = dataclasses.replace(config, start_delay_ns=0)
   tile = (config.epi_m, config.epi_n)
   from pallas_kernels.fused_dw import reference  # pylint: disable=g-import-not-at-top
   sr = seed is not None  # the API allows a seed only with a bf16 W

@@ -64,12 +64,29 @@ def fused_dw_update_reference(
     seed: jax.Array | None = None,
     index_offset=(0, 0),
     index_width: int | None = None,
+    grad_dtype=jnp.float32,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """The fused op computed unfused: dW materialized, then ``rule.update``.
 
-  Same arguments and results as :func:`pallas_kernels.fused_dw.fused_dw_update`.
+  Same arguments and results as :func:`pallas_kernels.fused_dw.fused_dw_update`,
+  plus ``grad_dtype``: the dtype dW is materialized in between, float32 (the
+  default: what the fused kernel computes, so this is the op's reference) or
+  bfloat16 (dW rounded to bf16 by the matmul, fp32 accumulation inside it, as
+  an unfused step with bf16 parameters such as ``optax.adamw``'s keeps its
+  gradient: a timing baseline, not bitwise the fused op; stop 40 found the
+  fp32 baseline slower than that step's dW and update in the model).
+
+  Raises:
+    ValueError: if ``grad_dtype`` is neither float32 nor bfloat16.
   """
-  grad = weight_grad_reference(x, dy)
+  if jnp.dtype(grad_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+    raise ValueError(f"grad_dtype={grad_dtype!r} must be float32 or bfloat16")
+  if jnp.dtype(grad_dtype) == jnp.dtype(jnp.float32):
+    grad = weight_grad_reference(x, dy)
+  else:
+    grad = lax.dot_general(x, dy, (((0,), (0,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+    grad = grad.astype(grad_dtype).astype(jnp.float32)
   hp, count = rule.unpack(hparams)
   new_w, new_state = rule.update_masked(
       grad, w.astype(jnp.float32),
