@@ -656,16 +656,16 @@ def print_table(rows, flops_peak: float, bw_peak: float, source: str) -> None:
   ``implementation='auto'`` runs on the H200 (jax >= 0.11), except for
   folded moments with a bf16 W, which 'auto' keeps on Triton. "% of floor" is floor
   / its time (100% = at the floor); TFLOP/s and GB/s are its achieved rates
-  (2·T·in·out and the bytes that must move, over its time); "xla dW TFLOP/s"
+  (2·T·in·out and the bytes that must move, over its time); "xla dW (fp32) TFLOP/s"
   is XLA's dW alone. "sm MHz" is the SM clock nvidia-smi read right after
   the case was timed, where it could (not during the timing).
   """
   print(f"\nfloor peaks ({source}): {flops_peak / 1e12:.0f} TFLOP/s (bf16 "
         f"matmul), {bw_peak / 1e12:.2f} TB/s")
   print(_timing_line(rows))
-  print("| T | in→out | optimizer | mode | floor ms | xla dW ms | unfused ms | "
+  print("| T | in→out | optimizer | mode | floor ms | xla dW (fp32) ms | unfused ms | "
         "torch AdamW ms | Triton ms | Mosaic ms | kernel | % of floor | "
-        "vs unfused | vs torch | TFLOP/s | GB/s | xla dW TFLOP/s | sm MHz |")
+        "vs unfused | vs torch | TFLOP/s | GB/s | xla dW (fp32) TFLOP/s | sm MHz |")
   print("|---" * 18 + "|")
   ms = lambda v: f"{v * 1e3:.3f}"  # noqa: E731
   for r in rows:
@@ -731,7 +731,9 @@ def main(argv=None):
                  default="float32",
                  help="dW's dtype in the timed unfused step: float32 (the "
                  "fused op's reference) or bfloat16 (as an unfused step with "
-                 "bf16 params, e.g. optax's, keeps its gradient; stop 40)")
+                 "bf16 params, e.g. optax's, keeps its gradient; stop 40; "
+                 "default float32). The 'xla dW' columns time the fp32-result "
+                 "dW either way")
   p.add_argument("--rounds", type=int, default=3,
                  help="rounds of --reps ops (the median is kept) with "
                  "--timing chain")

@@ -80,9 +80,14 @@ def fused_dw_update_reference(
   Raises:
     ValueError: if ``grad_dtype`` is neither float32 nor bfloat16.
   """
-  if jnp.dtype(grad_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-    raise ValueError(f"grad_dtype={grad_dtype!r} must be float32 or bfloat16")
-  if jnp.dtype(grad_dtype) == jnp.dtype(jnp.float32):
+  try:
+    name = jnp.dtype(grad_dtype).name
+  except TypeError:
+    name = None
+  if name not in ("float32", "bfloat16"):
+    raise ValueError(f"grad_dtype={name or repr(grad_dtype)} must be float32 or "
+                     "bfloat16")
+  if name == "float32":
     grad = weight_grad_reference(x, dy)
   else:
     grad = lax.dot_general(x, dy, (((0,), (0,)), ((), ())),
