@@ -402,6 +402,9 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
   ``unfused_grad_dtype``: the dtype of the timed unfused step's dW
   (``fused_dw_update_reference``'s ``grad_dtype``); the kernels are checked
   against the fp32 one either way."""
+  if unfused_grad_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"unfused_grad_dtype={unfused_grad_dtype!r} must be "
+                     "'float32' or 'bfloat16'")
   w_dtype, state_dtype, sr = MODES[mode]
   hp = rule.pack({n: HYPERPARAMS[n] for n in rule.hyperparam_names}, 7)
   check = dict(HYPERPARAMS, learning_rate=CHECK_LEARNING_RATE)

@@ -69,6 +69,10 @@ def test_bench_times_a_bf16_gradient_baseline_and_still_checks_fp32(
   assert "unfused dW: bfloat16" in capsys.readouterr().out
   with pytest.raises(SystemExit):
     bench_fused_dw.main(["--unfused-grad-dtype", "float16", "--interpret"])
+  with pytest.raises(ValueError, match="unfused_grad_dtype='float16' must be"):
+    bench_fused_dw.bench_case(bench_fused_dw.RULES["adamw"], "fp32", 8, 8, 8,
+                              [], 1, np.random.default_rng(0),
+                              unfused_grad_dtype="float16")
 
 
 @pytest.mark.parametrize("peaks", ["1e12", "0,4.3e12", "nan,nan", "790e12,-1"])
