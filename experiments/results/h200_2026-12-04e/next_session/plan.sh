@@ -10,6 +10,9 @@ source devrun/env.sh
 PYTHONPATH=. timeout 200 python -m experiments.probe_mosaic --shapes 512:4096x14336,512:14336x4096,512:4096x4096,2048:4096x14336 \
   --modes bf16-sr --no-triton --configs m128n128t64s3noT > $OUT/probe_bf16dw.log 2>&1
 M="python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --steps 5 --pipelined 3 --timeout 200 --tokens 512 --compiler-options xla_gpu_enable_triton_gemm=false"
-PYTHONPATH=. timeout 330 $M --implementation xla --layouts unrolled --optimizers optax,forge-bf16 --out $OUT/xla > $OUT/t512_xla.log 2>&1
+# (a) the pair with the fused kernels, (b) ForgeDense with XLA's dW and update in each layer's
+# backward (unrolled, and scanned where inplace_scan still writes layer by layer); the same call.
+PYTHONPATH=. timeout 200 $M --implementation auto --layouts unrolled --optimizers optax,forge-bf16 --out $OUT/auto > $OUT/t512_auto.log 2>&1
+PYTHONPATH=. timeout 200 $M --implementation xla --layouts unrolled,scan+remat --optimizers forge-bf16 --out $OUT/xla > $OUT/t512_xla.log 2>&1
 kill $SMI
 grep -h "##\|^| llama" $OUT/*.log | cut -c1-330
