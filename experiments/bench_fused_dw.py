@@ -19,7 +19,7 @@ host's dispatch of its call (stops 14 to 23 measured this way). The variants:
 * ``xla dW``: dW = xᵀ·dY alone (bf16 operands, fp32 result), once per shape;
 * ``unfused``: XLA dW, then the same rule on the whole array, jitted with W
   and state donated (the unfused baseline, the same storage formats); dW
-  in fp32, or rounded to bf16 by the matmul with ``--unfused-grad-dtype
+  in fp32, or the matmul's result in bf16 with ``--unfused-grad-dtype
   bfloat16``, as an unfused step with bf16 params (optax's) keeps it
   (stop 40: in the 8B model that step's dW and update took about 35.9 ms,
   near their floors, by the difference of two profiles);
@@ -600,8 +600,7 @@ def _timing_line(rows) -> str:
          + (", x and dY outside the barriers"
             if rows[0].get("barrier") == "state" else "")
          if timing == "chain" else "one op per jitted call")
-  grads = sorted({r.get("unfused_grad_dtype", "float32") for r in rows
-                  if "error" not in r})
+  grads = sorted({r.get("unfused_grad_dtype", "float32") for r in rows})
   return (f"timing: {how}" + (f"; torch: {torch_timing}" if torch_timing else "")
           + f"; unfused dW: {', '.join(grads) or 'float32'}")
 
@@ -846,7 +845,8 @@ def main(argv=None):
                          a.triton, a.barrier, a.unfused_grad_dtype)
         except Exception as e:  # reported, not hidden: the table shows it
           r = dict(rule=rule.name, mode=mode, error=f"{type(e).__name__}: "
-                   f"{str(e)[:200]}", bytes=float("nan"))
+                   f"{str(e)[:200]}", bytes=float("nan"),
+                   unfused_grad_dtype=a.unfused_grad_dtype)
         floor = floor_s(t, d_in, d_out, r["bytes"], flops_peak, bw_peak)
         rows.append(dict(shape=[t, d_in, d_out], xla_dw_s=t_dw, floor_s=floor,
                          torch_adamw_s=t_torch, torch_timing=torch_timing,

@@ -3,7 +3,7 @@
 For each shape (T:in x out) and storage mode, times the rule's (``--rule``:
 AdamW, or SGD, whose kernel is its token loop and W's own pass) unfused step
 (XLA dW, then the update, W and state donated; ``xla``: dW in fp32, the op's
-reference; ``xla-bf16dW``: dW rounded to bf16 by the matmul, as an unfused step
+reference; ``xla-bf16dW``: the matmul gives dW in bf16, as an unfused step
 with bf16 parameters such as optax's keeps it, timed only), the Triton kernel (default tile)
 and the Mosaic kernel with each named :class:`MosaicConfig`, each checked
 against the unfused result first, and prints one line per shape with the

@@ -1,5 +1,7 @@
 """The fused weight-gradient + AdamW op against its unfused reference."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -89,8 +91,8 @@ def test_reference_is_dw_then_adamw(rng):
 
 
 def test_reference_with_bf16_grad_rounds_dw_before_the_update(rng):
-  """grad_dtype=bfloat16 is the fp32 dW rounded to bf16, then the same update
-  (the timing baseline of an unfused step with bf16 gradients)."""
+  """grad_dtype=bfloat16 run eagerly is the fp32 dW rounded to bf16, then the
+  same update (the timing baseline of an unfused step with bf16 gradients)."""
   x, dy, w, state, hp = _inputs(rng, 40, 24, 40, jnp.bfloat16)
   got = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW,
                                   grad_dtype=jnp.bfloat16)
@@ -108,12 +110,42 @@ def test_reference_with_bf16_grad_rounds_dw_before_the_update(rng):
   assert rel_err(got[1][0], fp32[1][0]) <= 2 ** -7
 
 
-@pytest.mark.parametrize("bad,shown", [(jnp.float16, "float16"), (jnp.int8, "int8"),
-                                       ("float64", "float64"), ("fp8", "'fp8'")])
+@pytest.mark.parametrize("bad,shown", [
+    (jnp.float16, "float16"), (jnp.int8, "int8"), ("float64", "float64"),
+    ("fp8", "'fp8'"), ("bf16", "'bf16'"), (None, "None"), (float, "<class 'float'>"),
+    (np.zeros(3, np.float32), "an array of float32"),
+    (jnp.float32(1.0), "an array of float32"),
+    (jnp.zeros(3, jnp.bfloat16), "an array of bfloat16")])
 def test_reference_refuses_other_grad_dtypes(rng, bad, shown):
   x, dy, w, state, hp = _inputs(rng, 4, 8, 8, jnp.float32)
-  with pytest.raises(ValueError, match=f"grad_dtype={shown} must be float32 or bfloat16"):
+  with pytest.raises(ValueError, match=re.escape(
+      f"grad_dtype={shown} must be a dtype, float32 or bfloat16")):
     fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW, grad_dtype=bad)
+
+
+def test_reference_refuses_a_traced_grad_dtype(rng):
+  # An array under jit is not a dtype: refused, not read as float32.
+  x, dy, w, state, hp = _inputs(rng, 4, 8, 8, jnp.float32)
+  with pytest.raises(ValueError, match="grad_dtype=an array of float32"):
+    jax.jit(lambda g: fused_dw_update_reference(
+        x, dy, w, state, hp, rule=ADAMW, grad_dtype=g))(jnp.zeros(3))
+
+
+@pytest.mark.parametrize("spelling", ["bfloat16", jnp.bfloat16,
+                                      jnp.dtype("bfloat16")])
+def test_reference_takes_bf16_grad_dtype_spellings_and_jit(rng, spelling):
+  x, dy, w, state, hp = _inputs(rng, 16, 8, 24, jnp.bfloat16)
+  run = lambda g: jax.jit(lambda *a: fused_dw_update_reference(  # noqa: E731
+      *a, rule=ADAMW, grad_dtype=g))(x, dy, w, state, hp)
+  got, want = run(spelling), run(jnp.bfloat16)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+  # Under jit XLA may keep the bf16 dot's result in fp32 (excess precision,
+  # as it may in the unfused step this mimics): within bf16 rounding of the
+  # eager result, which rounds.
+  eager = fused_dw_update_reference(x, dy, w, state, hp, rule=ADAMW,
+                                    grad_dtype=jnp.bfloat16)
+  assert rel_err(got[1][0], eager[1][0]) <= 2 ** -7
 
 
 def test_several_token_blocks_and_tiles_with_default_config(rng):

@@ -71,28 +71,38 @@ def fused_dw_update_reference(
   Same arguments and results as :func:`pallas_kernels.fused_dw.fused_dw_update`,
   plus ``grad_dtype``: the dtype dW is materialized in between, float32 (the
   default: what the fused kernel computes, so this is the op's reference) or
-  bfloat16 (dW rounded to bf16 by the matmul, fp32 accumulation inside it, as
-  an unfused step with bf16 parameters such as ``optax.adamw``'s keeps its
-  gradient: a timing baseline, not bitwise the fused op; stop 40 estimated
-  from the 8B model's kernel sums that that step's dW and update take less
-  time than the fp32 baseline does per op).
+  bfloat16 (a matmul whose result is bf16, as the backward of an unfused
+  step with bf16 parameters such as ``optax.adamw``'s makes its gradient,
+  then the same update, which reads it as fp32: a timing baseline built as
+  that step is, not bitwise the fused op; stop 40 estimated from the 8B
+  model's kernel sums that that step's dW and update take less time than
+  the fp32 baseline does per op). Under jit XLA may keep that bf16 result in
+  fp32 where it allows excess precision, as it may in the step this mimics
+  (seen on the CPU). A dtype, given as a string ('float32', 'bfloat16'), a
+  NumPy dtype or a scalar type (``jnp.bfloat16``).
 
   Raises:
-    ValueError: if ``grad_dtype`` is neither float32 nor bfloat16.
+    ValueError: if ``grad_dtype`` is not a dtype, or one other than float32
+      and bfloat16 (an array, None or a Python number type included).
   """
-  try:
-    name = jnp.dtype(grad_dtype).name
-  except TypeError:
-    name = None
+  name = None
+  if (isinstance(grad_dtype, (str, np.dtype)) or (
+      isinstance(grad_dtype, type) and grad_dtype not in (bool, int, float, complex))):
+    try:
+      name = jnp.dtype(grad_dtype).name
+    except TypeError:
+      pass
   if name not in ("float32", "bfloat16"):
-    raise ValueError(f"grad_dtype={name or repr(grad_dtype)} must be float32 or "
-                     "bfloat16")
+    shown = name if name is not None else (
+        f"an array of {grad_dtype.dtype}" if hasattr(grad_dtype, "dtype")
+        and not isinstance(grad_dtype, type) else repr(grad_dtype))
+    raise ValueError(f"grad_dtype={shown} must be a dtype, float32 or bfloat16")
   if name == "float32":
     grad = weight_grad_reference(x, dy)
-  else:
+  else:  # bf16 x and dY: the dot's default result type, as a bf16 backward's
     grad = lax.dot_general(x, dy, (((0,), (0,)), ((), ())),
-                           preferred_element_type=jnp.float32)
-    grad = grad.astype(grad_dtype).astype(jnp.float32)
+                           preferred_element_type=jnp.bfloat16)
+    grad = grad.astype(jnp.float32)
   hp, count = rule.unpack(hparams)
   new_w, new_state = rule.update_masked(
       grad, w.astype(jnp.float32),

@@ -1,6 +1,6 @@
 # Not run yet. For the next session's device time, from the repository root with devrun/env.sh.
 # 1. If nvidia-h200-x2 is lent: ../../h200_2026-12-03h/next_session/tp2.sh (TP=2, issue 6).
-# 2. Per op against the unfused step that optax runs (dW rounded to bf16 by the matmul), the
+# 2. Per op against the unfused step that optax runs (the matmul gives dW in bf16), the
 #    baseline stop 40 estimated near its floors in the 8B model (probe_mosaic now times it as
 #    xla-bf16dW), at the 8B shapes, T=512 and 2048.
 # 3. The unrolled T=512 step without remat with ForgeDense's implementation='xla' (XLA's dW
