@@ -13,12 +13,14 @@ from pallas_kernels import precision
 from pallas_kernels import quantization
 
 
-def weight_grad_reference(x: jax.Array, dy: jax.Array) -> jax.Array:
-  """dW = xᵀ·dY in fp32 at full precision: (T, in), (T, out) -> (in, out)."""
+def weight_grad_reference(x: jax.Array, dy: jax.Array,
+                          dtype=jnp.float32) -> jax.Array:
+  """dW = xᵀ·dY at full precision: (T, in), (T, out) -> (in, out), the
+  matmul's result in ``dtype`` (fp32 by default)."""
   return lax.dot_general(
       x, dy, (((0,), (0,)), ((), ())),
       precision=lax.Precision.HIGHEST,
-      preferred_element_type=jnp.float32)
+      preferred_element_type=dtype)
 
 
 def as_uint32(v) -> jax.Array:
@@ -97,12 +99,9 @@ def fused_dw_update_reference(
         f"an array of {grad_dtype.dtype}" if hasattr(grad_dtype, "dtype")
         and not isinstance(grad_dtype, type) else repr(grad_dtype))
     raise ValueError(f"grad_dtype={shown} must be a dtype, float32 or bfloat16")
-  if name == "float32":
-    grad = weight_grad_reference(x, dy)
-  else:  # bf16 x and dY: the dot's default result type, as a bf16 backward's
-    grad = lax.dot_general(x, dy, (((0,), (0,)), ((), ())),
-                           preferred_element_type=jnp.bfloat16)
-    grad = grad.astype(jnp.float32)
+  # bf16: with bf16 x and dY the dot's default result type, as a bf16
+  # backward's; the update reads it as fp32.
+  grad = weight_grad_reference(x, dy, jnp.dtype(name)).astype(jnp.float32)
   hp, count = rule.unpack(hparams)
   new_w, new_state = rule.update_masked(
       grad, w.astype(jnp.float32),
