@@ -83,6 +83,9 @@ from pallas_kernels.fused_dw import fused_dw_update_reference
 from pallas_kernels.fused_dw import weight_grad_reference
 
 RULES = {r.name: r for r in ALL_RULES}
+UNFUSED_GRAD_DTYPES = {"xla": jnp.float32, "xla-bf16dW": jnp.bfloat16}
+"""The unfused steps (names as in ``bench_case`` and ``probe_mosaic``) and
+the dtype of their dW (``fused_dw_update_reference``'s ``grad_dtype``)."""
 # FOAM inside the kernel (folded moments, 2**l times smaller): opt-in names.
 FOLD_RULES = {r.name: r for r in (FoldAdamRule(2), FoldAdamRule(3), FoldAdamRule(4))}
 # mode -> (W dtype, state storage dtype, stochastic rounding)
@@ -448,8 +451,7 @@ def bench_case(rule, mode, t, d_in, d_out, sets, reps, rng, interpret=False,
                 if impl in ("triton", "mosaic")
                 else fused_dw_update_reference(
                     x, dy, w_, st, hp_, rule=rule, seed=seed,
-                    grad_dtype=jnp.bfloat16 if impl == "xla-bf16dW"
-                    else jnp.float32))
+                    grad_dtype=UNFUSED_GRAD_DTYPES[impl]))
       return tuple(_flat(nw, ns))
     return step
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from experiments.bench_fused_dw import CHECK_LEARNING_RATE, _Variant
 from experiments.bench_fused_dw import _flat, _unflat, floor_s, own_seed
 from experiments.bench_fused_dw import RULES
+from experiments.bench_fused_dw import UNFUSED_GRAD_DTYPES
 from experiments.bench_fused_dw import step_args
 from pallas_kernels import quantization
 from pallas_kernels.fused_dw import MosaicConfig
@@ -214,10 +215,10 @@ def main(argv=None):
         def step(x, dy, *args):
           flat, hp_, seed = step_args(args, n_flat)
           w_, st = _unflat(flat, like)
-          if impl in ("xla", "xla-bf16dW"):
+          if impl in UNFUSED_GRAD_DTYPES:
             nw, ns = fused_dw_update_reference(
                 x, dy, w_, st, hp_, rule=rule, seed=seed,
-                grad_dtype=jnp.bfloat16 if impl == "xla-bf16dW" else jnp.float32)
+                grad_dtype=UNFUSED_GRAD_DTYPES[impl])
           else:
             nw, ns = fused_dw_update(x, dy, w_, st, hp_, rule=rule,
                                      implementation=impl, config=cfg,
