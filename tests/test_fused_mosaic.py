@@ -481,6 +481,98 @@ def test_ping_pong_tiles_and_refusals(rng):
                     interpret=True)
 
 
+# The overlapped layout (compute_wgs=2, overlap=True): GPU-only like the
+# other warp-specialized ones; the CPU checks its lowering.
+OV_CONFIGS = [
+    # 3 CTAs over 5 tiles of (128, 64): 2, 2 and 1 tiles (a CTA whose only
+    # tile's epilogue runs alone); 2 token steps per tile, 2 epilogue
+    # sub-tiles per warpgroup (one per step), a ring of 3 stages.
+    MosaicConfig(block_m=128, block_n=64, block_t=64, max_concurrent_steps=3,
+                 epi_n=32, compute_wgs=2, overlap=True, num_ctas=3),
+    # 2 CTAs over 8 tiles of (128, 128), x through a transposed view, 8
+    # sub-tiles per warpgroup against 5 token steps (groups of 0 or 1 steps),
+    # 3 loading at a time.
+    MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=4,
+                 epi_n=16, epi_slots=3, epi_ahead=3, compute_wgs=2,
+                 overlap=True, transpose_x=False, num_ctas=2),
+]
+OV_SHAPES = [(128, 128, 320), (320, 512, 256)]  # (T, in, out) per config
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
+                    "CPU test below checks the lowering)")
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+@pytest.mark.parametrize("rule,state_dtype", [
+    (rules.LION, jnp.float32), (rules.ADAMW, jnp.float32),
+    (rules.ADAMW, jnp.bfloat16)], ids=["lion-fp32", "adamw-fp32", "adamw-bf16"])
+def test_overlap_kernel(rng, rule, state_dtype, which, in_place):
+  args = _inputs(rng, rule, *OV_SHAPES[which], state_dtype=state_dtype)
+  want = fused_dw_update_reference(*args, rule=rule)
+  got = jax.jit(lambda *a: fused_dw_update(
+      *a, rule=rule, implementation="mosaic", config=OV_CONFIGS[which],
+      in_place=in_place), donate_argnums=(2, 3))(*args)
+  _check(got, want, 2e-6 if state_dtype == jnp.float32 else 2 ** -8)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
+                    "CPU test below checks the lowering)")
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+def test_overlap_bf16_w_stochastic_rounding(rng, which):
+  args = _inputs(rng, rules.ADAMW, *OV_SHAPES[which], w_dtype=jnp.bfloat16,
+                 state_dtype=jnp.bfloat16)
+  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5), index_offset=(7, 3),
+            index_width=700)
+  got = _run_kw(args, OV_CONFIGS[which], kw)
+  want = fused_dw_update_reference(*args, **kw)
+  assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
+  _check((got[0].astype(jnp.float32), got[1]),
+         (want[0].astype(jnp.float32), want[1]), 2 ** -8)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("which", [0, 1], ids=["uneven", "noT-8-subtiles"])
+def test_overlap_kernel_lowers_for_cuda(rng, which, in_place):
+  args = _inputs(rng, rules.ADAMW, *OV_SHAPES[which])
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rules.ADAMW, config=OV_CONFIGS[which], interpret=False,
+      in_place=in_place))
+  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  call = text[text.index("custom_call @mosaic_gpu"):].split("\n")[0]
+  assert ("output_operand_aliases" in call) == in_place
+
+
+def test_overlap_tiles_and_refusals(rng):
+  # Its tiles are (block_m, block_n) like ping-pong's: out = 320 divides by
+  # 64, and the cooperative layout's 2·block_n = 128 does not.
+  sds = jax.ShapeDtypeStruct
+  x, dy = sds((128, 128), jnp.bfloat16), sds((128, 320), jnp.bfloat16)
+  w = sds((128, 320), jnp.float32)
+  ov = OV_CONFIGS[0]
+  assert kernel_mosaic.cta_block_n(ov) == 64
+  assert kernel_mosaic.unsupported_reason(x, dy, w, (w, w), rules.ADAMW,
+                                          None, ov) is None
+  with pytest.raises(ValueError, match="interpret"):
+    fused_dw_update(*_inputs(rng, rules.ADAMW, 128, 128, 320),
+                    rule=rules.ADAMW, implementation="mosaic", config=ov,
+                    interpret=True)
+
+
+@pytest.mark.parametrize("bad,what", [
+    (dict(compute_wgs=1), "compute_wgs=1"),
+    (dict(ping_pong=True), "ping_pong=True"),
+    (dict(block_m=64), "block_m=64"),
+    (dict(epi_m=128), "epi_m=128"),
+    (dict(max_concurrent_steps=1), "max_concurrent_steps=1"),
+    (dict(early_epilogue=True), "early_epilogue=True"),
+    (dict(overlap=1), "overlap=1 must be a bool"),
+])
+def test_overlap_config_refusals(bad, what):
+  kw = dict(block_m=128, block_n=128, compute_wgs=2, overlap=True)
+  with pytest.raises(ValueError, match=what):
+    MosaicConfig(**{**kw, **bad})
+
+
 @pytest.mark.parametrize("ping_pong", [False, True])
 def test_barriers_beyond_one_allocation_are_refused(rng, monkeypatch, ping_pong):
   # Two compute warpgroups × 4 epilogue slots × 5 arrays (W, two int8 codes,
