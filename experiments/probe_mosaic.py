@@ -87,20 +87,17 @@ CONFIGS = {
                           compute_wgs=2, ping_pong=True),
     "PP_m64n128s5": C(64, 128, 64, 5, compute_wgs=2, ping_pong=True),
     # stop 41, overlap: each compute warpgroup runs its next tile's wgmmas
-    # while it applies the rule to its previous tile (two accumulators)
-    "OV_n128s4e32": C(128, 128, 64, 4, epi_n=32, compute_wgs=2, overlap=True),
-    "OV_n128s4e32noT": C(128, 128, 64, 4, epi_n=32, compute_wgs=2,
-                         overlap=True, transpose_x=False),
+    # while it applies the rule to its previous tile (its fp32 gradient
+    # staged in shared memory: 64 KiB beside the ring and the slots)
+    "OV_n128s3e32": C(128, 128, 64, 3, epi_n=32, compute_wgs=2, overlap=True),
     "OV_n128s3e32noT": C(128, 128, 64, 3, epi_n=32, compute_wgs=2,
-                         overlap=True, transpose_x=False),
-    "OV_n128s5e32noT": C(128, 128, 64, 5, epi_n=32, compute_wgs=2,
                          overlap=True, transpose_x=False),
     "OV_n128s4e16noT": C(128, 128, 64, 4, epi_n=16, compute_wgs=2,
                          overlap=True, transpose_x=False),
-    "OV_n128s4e64noT": C(128, 128, 64, 4, compute_wgs=2, overlap=True,
+    "OV_n128s3e16noT": C(128, 128, 64, 3, epi_n=16, compute_wgs=2,
+                         overlap=True, transpose_x=False),
+    "OV_n128s2e64noT": C(128, 128, 64, 2, compute_wgs=2, overlap=True,
                          transpose_x=False),
-    "OV_n128s4e32x3a2noT": C(128, 128, 64, 4, epi_n=32, epi_slots=3,
-                             compute_wgs=2, overlap=True, transpose_x=False),
     # stop 26: the epilogue's loads in flight (bf16 W and states: a 64×64
     # sub-tile is 8 KiB per array, half the fp32 one). E = early_epilogue.
     "m128n128t64s3E": C(128, 128, 64, 3, early_epilogue=True),

@@ -492,7 +492,7 @@ OV_CONFIGS = [
     # 2 CTAs over 8 tiles of (128, 128), x through a transposed view, 8
     # sub-tiles per warpgroup against 5 token steps (groups of 0 or 1 steps),
     # 3 loading at a time.
-    MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=4,
+    MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=2,
                  epi_n=16, epi_slots=3, epi_ahead=3, compute_wgs=2,
                  overlap=True, transpose_x=False, num_ctas=2),
 ]

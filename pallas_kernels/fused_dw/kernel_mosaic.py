@@ -409,6 +409,8 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
                                          for d in state_dtypes)
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
+  if config.overlap:  # each compute warpgroup's fp32 gradient, (64, block_n)
+    epilogue += config.block_m * config.block_n * 4
   slack = SMEM_SLACK if num_scale_arrays or fold_block > 1 else SMEM_SLACK_TILES
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue + slack
@@ -1301,7 +1303,7 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   # done), two stages short of the ring so that the next ones can load.
   lag = max(1, depth - 2)
 
-  def scope(x_smem, dy_smem, produced, consumed, bufs, barriers):
+  def scope(x_smem, dy_smem, produced, consumed, bufs, barriers, grad_smem):
     wg = lax.axis_index("wg")
     cta = lax.axis_index("cta")
     ctas = lax.axis_size("cta")
@@ -1370,10 +1372,11 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
                   load_sub=loader(origin), origin=origin, layout=layout,
                   only=only)
 
-      def token_loop(j, acc_prev):
-        """Tile j's accumulator; tile j - 1's epilogue (``acc_prev``, unless
-        None) runs between its token steps."""
-        prev = origin_of(j - 1) if acc_prev is not None else None
+      def token_loop(j, with_prev: bool):
+        """Tile j's token loop; tile j - 1's epilogue (its gradient in
+        ``grad_smem``) runs between its token steps when ``with_prev``.
+        Leaves tile j's gradient in ``grad_smem``."""
+        prev = origin_of(j - 1) if with_prev else None
 
         def acc_scope(acc_ref):
           def step(k, carry):
@@ -1390,30 +1393,37 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
             def _():
               plgpu.barrier_arrive(consumed.at[lax.rem(g - lag, depth)])
             return carry
-          groups = len(subs) if prev is not None else 1
+          groups = len(subs) if with_prev else 1
           k0 = 0
           for c in range(groups):
             k1 = (c + 1) * steps // groups
             if k1 > k0:
               lax.fori_loop(k0, k1, step, None)
-            if prev is not None:  # sub-tile c, while the last wgmmas run
-              epilogue(acc_prev, prev, only=(c,))
+            if with_prev:  # sub-tile c, while the last wgmmas run
+              epilogue(grad, prev, only=(c,))
             k0 = k1
           plgpu.wgmma_wait(0)
           for k in range(max(0, steps - lag), steps):
             plgpu.barrier_arrive(consumed.at[lax.rem(j * steps + k, depth)])
-          return acc_ref[...]
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((hm, bn), jnp.float32))
+          # The previous epilogue's reads of grad_smem are behind its last
+          # sub-tile's commit (a warpgroup barrier).
+          grad[...] = acc_ref[...]
+          plgpu.commit_smem()
+        pl.run_scoped(acc_scope, plgpu.ACC((hm, bn), jnp.float32))
         # Tile j's first sub-tiles start loading once tile j - 1's stores have
         # left their slots; they are used during tile j + 1's token loop.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         first = loader(origin_of(j))
         for s in range(min(config.epi_ahead, len(subs))):
           first(s)
-        return acc
 
-      acc = lax.fori_loop(1, local, token_loop, token_loop(0, None))
-      epilogue(acc, origin_of(local - 1))  # the last tile's, alone
+      grad = grad_smem.at[wg]
+      token_loop(0, False)
+
+      @pl.loop(1, local)
+      def _(j):
+        token_loop(j, True)
+      epilogue(grad, origin_of(local - 1))  # the last tile's, alone
       plgpu.wait_smem_to_gmem(0)
 
   pl.run_scoped(
@@ -1426,6 +1436,8 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       consumed=plgpu.Barrier(num_arrivals=2, num_barriers=depth),
       bufs=_epilogue_buffers(in_refs, layout, config, lead=(2,)),
       barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
+      grad_smem=plgpu.SMEM((2, hm, bn), jnp.float32,
+                           transforms=_smem_transforms(en, jnp.float32)),
       collective_axes="wg")
 
 
