@@ -181,14 +181,6 @@ class MosaicConfig:
       CUTLASS's ping-pong schedule (``_kernel_pp``). False: they split a
       (block_m, 2·block_n) tile and run the token loop and the epilogue at
       the same time ("cooperative").
-    overlap: with compute_wgs=2 (not ping_pong), block_m=128 and epi_m=64:
-      the two compute warpgroups split each (block_m, block_n) tile by rows
-      (64 each) and each overlaps its next tile's token loop (asynchronous
-      wgmma into a second accumulator) with its previous tile's epilogue,
-      one epilogue sub-tile between groups of token steps
-      (``_kernel_ov``). The tensor cores and the epilogue's HBM traffic
-      then overlap inside every warpgroup instead of between CTAs or
-      warpgroups that may fall into step.
     num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
       device's multiprocessor count.
   """
@@ -206,7 +198,6 @@ class MosaicConfig:
   epi_ahead: int = 2
   compute_wgs: int = 1
   ping_pong: bool = False
-  overlap: bool = False
   num_ctas: int | None = None
 
   def __post_init__(self):
@@ -219,7 +210,7 @@ class MosaicConfig:
     if self.num_ctas is not None and (not isinstance(self.num_ctas, int)
                                       or isinstance(self.num_ctas, bool)):
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas!r} must be an int or None")
-    for name in ("early_epilogue", "transpose_x", "ping_pong", "overlap"):
+    for name in ("early_epilogue", "transpose_x", "ping_pong"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"MosaicConfig.{name}={getattr(self, name)!r} must be a bool")
     if self.block_m not in (64, 128):
@@ -239,19 +230,6 @@ class MosaicConfig:
       # would wait for itself.
       raise ValueError("MosaicConfig.ping_pong=True needs max_concurrent_steps "
                        f">= 2; got {self.max_concurrent_steps}")
-    if self.overlap and (self.compute_wgs != 2 or self.ping_pong
-                         or self.block_m != 128 or self.epi_m != 64
-                         or self.max_concurrent_steps < 2
-                         or self.early_epilogue):
-      # Each compute warpgroup's wgmma covers 64 rows of the tile; a
-      # warpgroup releases stage g-1 once stage g's wgmma is issued.
-      raise ValueError(
-          "MosaicConfig.overlap=True needs compute_wgs=2, ping_pong=False, "
-          "block_m=128, epi_m=64, max_concurrent_steps >= 2 and "
-          f"early_epilogue=False; got compute_wgs={self.compute_wgs}, "
-          f"ping_pong={self.ping_pong}, block_m={self.block_m}, "
-          f"epi_m={self.epi_m}, max_concurrent_steps="
-          f"{self.max_concurrent_steps}, early_epilogue={self.early_epilogue}")
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
     if self.epi_slots not in (2, 3, 4):
@@ -370,10 +348,8 @@ class MosaicConfig:
 
 def cta_block_n(config: MosaicConfig) -> int:
   """Columns of W one CTA's token loop covers at a time: 2·block_n for the
-  cooperative warp-specialized layout, else block_n (ping-pong and overlap
-  included)."""
-  return config.block_n * (1 if config.ping_pong or config.overlap
-                           else config.compute_wgs)
+  cooperative warp-specialized layout, else block_n."""
+  return config.block_n * (config.compute_wgs if not config.ping_pong else 1)
 
 
 NARROW_OUT = 1024
@@ -409,8 +385,6 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
                                          for d in state_dtypes)
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
-  if config.overlap:  # each compute warpgroup's fp32 gradient, (64, block_n)
-    epilogue += config.block_m * config.block_n * 4
   slack = SMEM_SLACK if num_scale_arrays or fold_block > 1 else SMEM_SLACK_TILES
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue + slack
@@ -839,11 +813,8 @@ def _read_scalars(scalars, where: str):
 
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
               out_refs, slot_ref, barrier, load_sub, origin,
-              layout: _Layout, only=None):
+              layout: _Layout):
   """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
-
-  ``only``: the indices into ``subs`` to run now (default all, in order); the
-  overlapped layout runs one at a time between its next tile's token steps.
 
   The first ``config.epi_ahead`` sub-tiles must already be loading; ``slot_ref(buf,
   slot)`` is this warpgroup's buffer of a slot, ``barrier(a, s)`` the
@@ -864,8 +835,6 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   pending_ok = config.epi_slots - ahead  # store groups that may stay in flight
   scalars = _read_scalars(scalar_ref, "tile")
   for s, (i, j) in enumerate(subs):
-    if only is not None and s not in only:
-      continue
     slot = s % config.epi_slots
     for a in range(n_arr):
       plgpu.barrier_wait(barrier(a, s))
@@ -1269,178 +1238,6 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       collective_axes="wg")
 
 
-
-def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
-               layout: _Layout, in_place: bool):
-  """compute_wgs=2 with overlap: persistent, warp-specialized; each compute
-  warpgroup overlaps its token loop with its previous tile's epilogue.
-
-  Each CTA walks its share of the (block_m, block_n) tiles (tiles c, c + G,
-  ... of the grouped order, G CTAs). A memory warpgroup streams their x and
-  dY blocks through one ring of ``max_concurrent_steps`` stages (x as two
-  64-row halves); compute warpgroup h accumulates rows [64h, 64h + 64) of
-  every tile. While tile j's wgmmas run on the tensor cores (asynchronous:
-  a warpgroup waits only for the wgmma before the one it just issued), the
-  same warpgroup applies the rule to tile j - 1's accumulator, which it
-  keeps in registers: one epilogue sub-tile after each group of token
-  steps, its W and state sub-tiles loading ``epi_ahead`` ahead. The last
-  tile's epilogue runs alone. So every warpgroup keeps both the tensor
-  cores and HBM busy, whatever the other CTAs' phases (stop 38 saw the two
-  CTAs of a multiprocessor run their token loops in step, taking turns with
-  their epilogues). Both compute warpgroups wait on each stage's barrier
-  and both release it (two arrivals)."""
-  n_arr, in_refs, out_refs, t, d_in, d_out, _ = _operands(
-      x_ref, dy_ref, refs, config, layout, in_place)
-  bm, bn, bt = config.block_m, config.block_n, config.block_t
-  hm, en = bm // 2, config.epi_n
-  num_m, num_n = d_in // bm, d_out // bn
-  num_tiles, steps = num_m * num_n, t // bt
-  depth = config.max_concurrent_steps
-  slots = config.epi_slots
-  subs = [(0, j) for j in range(bn // en)]  # a warpgroup's (64, block_n) half
-  x_half = (hm, bt) if config.transpose_x else (bt, hm)
-  # wgmmas a warpgroup leaves in flight (its stages held until they are
-  # done), two stages short of the ring so that the next ones can load.
-  lag = max(1, depth - 2)
-
-  def scope(x_smem, dy_smem, produced, consumed, bufs, barriers, grad_smem):
-    wg = lax.axis_index("wg")
-    cta = lax.axis_index("cta")
-    ctas = lax.axis_size("cta")
-    local = (num_tiles - cta + ctas - 1) // ctas  # this CTA's tiles (>= 1)
-
-    def tile(j):  # (row, column) of this CTA's j-th tile
-      return tiling.grouped_tile(cta + j * ctas, num_m, num_n, config.group_m)
-
-    @pl.when(wg == 2)
-    def _memory():
-      plgpu.set_max_registers(_MEMORY_REGISTERS, action="decrease")
-
-      def tile_loads(j, carry):
-        m_i, n_i = tile(j)
-
-        def step(k, carry):
-          g = j * steps + k
-          slot = lax.rem(g, depth)
-
-          @pl.when(g >= depth)
-          def _():
-            plgpu.barrier_wait(consumed.at[slot])
-          bar = produced.at[slot]
-          for h in range(2):
-            rows = pl.ds(m_i * bm + h * hm, hm)
-            src = (x_ref.at[rows, pl.ds(k * bt, bt)] if config.transpose_x
-                   else x_ref.at[pl.ds(k * bt, bt), rows])
-            plgpu.copy_gmem_to_smem(src, x_smem.at[slot, h], bar)
-          plgpu.copy_gmem_to_smem(
-              dy_ref.at[pl.ds(k * bt, bt), pl.ds(n_i * bn, bn)],
-              dy_smem.at[slot], bar)
-          return carry
-        return lax.fori_loop(0, steps, step, carry)
-      lax.fori_loop(0, local, tile_loads, None)
-
-      # Every release waited for before the CTA's shared memory goes.
-      total = local * steps
-      def drain(g, carry):
-        plgpu.barrier_wait(consumed.at[lax.rem(g, depth)])
-        return carry
-      lax.fori_loop(jnp.maximum(total - depth, 0), total, drain, None)
-
-    @pl.when(wg < 2)
-    def _compute():
-      plgpu.set_max_registers(_COMPUTE_REGISTERS, action="increase")
-      scalars = _read_scalars(scalar_ref, "kernel")
-
-      def barrier(a, s):
-        return barriers.at[(wg * n_arr + a) * slots + s % slots]
-
-      def origin_of(j):
-        m_i, n_i = tile(j)
-        return lambda s: (m_i * bm + wg * hm, n_i * bn + subs[s][1] * en)
-
-      def loader(origin):
-        def load_sub(s):
-          for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-            src = _sub_window(ref, origin(s), config, layout, a)
-            plgpu.copy_gmem_to_smem(src, buf.at[wg, s % slots], barrier(a, s))
-        return load_sub
-
-      def epilogue(acc, origin, only=None):
-        _epilogue(acc, subs=subs, config=config, split=split,
-                  scalar_ref=scalars, bufs=bufs, out_refs=out_refs,
-                  slot_ref=lambda buf, slot: buf.at[wg, slot], barrier=barrier,
-                  load_sub=loader(origin), origin=origin, layout=layout,
-                  only=only)
-
-      def token_loop(j, with_prev: bool):
-        """Tile j's token loop; tile j - 1's epilogue (its gradient in
-        ``grad_smem``) runs between its token steps when ``with_prev``.
-        Leaves tile j's gradient in ``grad_smem``."""
-        prev = origin_of(j - 1) if with_prev else None
-
-        def acc_scope(acc_ref):
-          def step(k, carry):
-            g = j * steps + k
-            slot = lax.rem(g, depth)
-            plgpu.barrier_wait(produced.at[slot])
-            a = (x_smem.at[slot, wg] if config.transpose_x
-                 else x_smem.at[slot, wg].transpose((1, 0)))
-            plgpu.wgmma(acc_ref, a, dy_smem.at[slot])
-            # Up to `lag` wgmmas stay in flight; step k - lag's is done.
-            plgpu.wgmma_wait(lag)
-
-            @pl.when(k >= lag)
-            def _():
-              plgpu.barrier_arrive(consumed.at[lax.rem(g - lag, depth)])
-            return carry
-          groups = len(subs) if with_prev else 1
-          k0 = 0
-          for c in range(groups):
-            k1 = (c + 1) * steps // groups
-            if k1 > k0:
-              lax.fori_loop(k0, k1, step, None)
-            if with_prev:  # sub-tile c, while the last wgmmas run
-              epilogue(grad, prev, only=(c,))
-            k0 = k1
-          plgpu.wgmma_wait(0)
-          for k in range(max(0, steps - lag), steps):
-            plgpu.barrier_arrive(consumed.at[lax.rem(j * steps + k, depth)])
-          # The previous epilogue's reads of grad_smem are behind its last
-          # sub-tile's commit (a warpgroup barrier).
-          grad[...] = acc_ref[...]
-          plgpu.commit_smem()
-        pl.run_scoped(acc_scope, plgpu.ACC((hm, bn), jnp.float32))
-        # Tile j's first sub-tiles start loading once tile j - 1's stores have
-        # left their slots; they are used during tile j + 1's token loop.
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        first = loader(origin_of(j))
-        for s in range(min(config.epi_ahead, len(subs))):
-          first(s)
-
-      grad = grad_smem.at[wg]
-      token_loop(0, False)
-
-      @pl.loop(1, local)
-      def _(j):
-        token_loop(j, True)
-      epilogue(grad, origin_of(local - 1))  # the last tile's, alone
-      plgpu.wait_smem_to_gmem(0)
-
-  pl.run_scoped(
-      scope,
-      x_smem=plgpu.SMEM((depth, 2, *x_half), x_ref.dtype,
-                        transforms=_smem_transforms(x_half[1], x_ref.dtype)),
-      dy_smem=plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
-                         transforms=_smem_transforms(bn, dy_ref.dtype)),
-      produced=plgpu.Barrier(num_arrivals=3, num_barriers=depth),
-      consumed=plgpu.Barrier(num_arrivals=2, num_barriers=depth),
-      bufs=_epilogue_buffers(in_refs, layout, config, lead=(2,)),
-      barriers=plgpu.Barrier(num_barriers=2 * slots * n_arr),
-      grad_smem=plgpu.SMEM((2, hm, bn), jnp.float32,
-                           transforms=_smem_transforms(en, jnp.float32)),
-      collective_axes="wg")
-
-
 _MEMORY_REGISTERS = 40
 """Registers per thread of a warp-specialized kernel's memory warpgroup (the
 value ``emit_pipeline_warp_specialized``'s documentation gives for H100)."""
@@ -1571,13 +1368,6 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
     body = functools.partial(_kernel, config=config, split=split,
                              layout=layout, grid_axis="tile")
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
-  elif config.overlap:
-    # Every CTA has at least one tile.
-    ctas = config.num_ctas or num_sms()
-    body = functools.partial(_kernel_ov, config=config, split=split,
-                             layout=layout)
-    mesh = dict(grid=(max(1, min(ctas, num_tiles)),), grid_names=("cta",),
-                num_threads=3, thread_name="wg")
   elif config.ping_pong:
     # At least two tiles per CTA, one per compute warpgroup, where there are.
     ctas = config.num_ctas or num_sms()
