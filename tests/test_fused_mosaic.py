@@ -481,6 +481,115 @@ def test_ping_pong_tiles_and_refusals(rng):
                     interpret=True)
 
 
+# The overlapped layout (overlap=True): persistent one-warpgroup CTAs, each
+# applying the rule to its previous tile between its next tile's token
+# steps. One warpgroup, so the CPU interpreter runs it (x transposed by XLA).
+OV_CONFIGS = [
+    # 3 CTAs over 10 tiles of (64, 64): 4, 3 and 3; 3 token steps against 2
+    # epilogue sub-tiles (groups of 1 and 2 steps); 3 stages, 1 wgmma left
+    # in flight.
+    MosaicConfig(block_m=64, block_n=64, block_t=64, max_concurrent_steps=3,
+                 epi_n=32, overlap=True, num_ctas=3),
+    # 2 CTAs over 4 tiles of (128, 128): 5 token steps against 8 sub-tiles
+    # (groups of 0 or 1 steps), 3 loading at a time; 2 stages.
+    MosaicConfig(block_m=128, block_n=128, block_t=64, max_concurrent_steps=2,
+                 epi_n=32, epi_slots=3, epi_ahead=3, overlap=True, num_ctas=2),
+    # 2 CTAs over 3 tiles of (64, 128): 2 token steps, both wgmmas left in
+    # flight (4 stages, lag 2: every stage refilled after the tile's last).
+    MosaicConfig(block_m=64, block_n=128, block_t=64, max_concurrent_steps=4,
+                 overlap=True, num_ctas=2),
+]
+OV_SHAPES = [(192, 128, 320), (320, 256, 256), (128, 192, 128)]
+
+
+@pytest.mark.parametrize("rule,state_dtype,which", [
+    (rules.ADAMW, jnp.float32, 0), (rules.ADAMW, jnp.float32, 1),
+    (rules.ADAMW, jnp.float32, 2), (rules.LION, jnp.bfloat16, 0)],
+    ids=["adamw-fp32-uneven", "adamw-fp32-8-subtiles", "adamw-fp32-lag2",
+         "lion-bf16-uneven"])
+def test_overlap_kernel_interpret(rng, rule, state_dtype, which):
+  args = _inputs(rng, rule, *OV_SHAPES[which], state_dtype=state_dtype)
+  want = fused_dw_update_reference(*args, rule=rule)
+  _check(_run(args, rule, OV_CONFIGS[which], True), want,
+         2e-6 if state_dtype == jnp.float32 else 2 ** -8)
+
+
+def test_overlap_int8_states_and_stochastic_rounding_interpret(rng):
+  config = dataclasses.replace(OV_CONFIGS[0], epi_n=64)  # int8: 64 columns
+  args = _inputs(rng, rules.ADAMW, *OV_SHAPES[0], w_dtype=jnp.bfloat16)
+  args = (*args[:3], _quantized(rules.ADAMW, args[3]), args[4])
+  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5), index_offset=(7, 3),
+            index_width=700)
+  got = jax.jit(lambda *a: fused_dw_update(
+      *a, implementation="mosaic", config=config, interpret=True, **kw))(*args)
+  want = fused_dw_update_reference(*args, **kw)
+  assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
+  _check_int8((got[0].astype(jnp.float32), got[1]),
+              (want[0].astype(jnp.float32), want[1]), 2 ** -8)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernel: needs a GPU (the "
+                    "interpreter runs it above; the CPU checks its lowering)")
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("transpose_x", [True, False])
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["uneven", "8-subtiles", "lag2"])
+def test_overlap_kernel_compiled(rng, which, transpose_x, in_place):
+  config = dataclasses.replace(OV_CONFIGS[which], transpose_x=transpose_x)
+  args = _inputs(rng, rules.ADAMW, *OV_SHAPES[which], w_dtype=jnp.bfloat16,
+                 state_dtype=jnp.bfloat16)
+  kw = dict(rule=rules.ADAMW, seed=jnp.uint32(5))
+  got = jax.jit(lambda *a: fused_dw_update(
+      *a, implementation="mosaic", config=config, in_place=in_place, **kw),
+      donate_argnums=(2, 3))(*args)
+  want = fused_dw_update_reference(*args, **kw)
+  assert np.mean(np.asarray(got[0] == want[0])) >= 0.999
+  _check((got[0].astype(jnp.float32), got[1]),
+         (want[0].astype(jnp.float32), want[1]), 2 ** -8)
+
+
+@pytest.mark.parametrize("transpose_x,in_place", [(True, True), (False, False)])
+def test_overlap_kernel_lowers_for_cuda(rng, transpose_x, in_place):
+  args = _inputs(rng, rules.ADAMW, *OV_SHAPES[0])
+  config = dataclasses.replace(OV_CONFIGS[0], transpose_x=transpose_x)
+  fn = jax.jit(lambda *a: kernel_mosaic.fused_dw_update_mosaic(
+      *a, rule=rules.ADAMW, config=config, interpret=False, in_place=in_place))
+  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  call = text[text.index("custom_call @mosaic_gpu"):].split("\n")[0]
+  assert ("output_operand_aliases" in call) == in_place
+
+
+def test_overlap_shared_memory_and_ctas_per_multiprocessor():
+  # The previous tile's fp32 gradient sits beside the stages and the slots.
+  sds = jax.ShapeDtypeStruct
+  x, dy = sds((512, 4096), jnp.bfloat16), sds((512, 14336), jnp.bfloat16)
+  w = sds((4096, 14336), jnp.bfloat16)
+  small = MosaicConfig(block_m=64, block_n=128, max_concurrent_steps=2,
+                       epi_n=32, overlap=True)
+  need = kernel_mosaic._smem_need(x, w, (w, w), rules.ADAMW, small)
+  stages = 2 * 64 * (64 + 128) * 2
+  slots = 2 * 64 * 32 * 2 * 3
+  assert need == stages + slots + 64 * 128 * 4 + kernel_mosaic.SMEM_SLACK_TILES
+  assert kernel_mosaic.overlap_ctas_per_sm(need) == 2
+  big = dataclasses.replace(small, block_m=128, max_concurrent_steps=3)
+  assert kernel_mosaic.overlap_ctas_per_sm(
+      kernel_mosaic._smem_need(x, w, (w, w), rules.ADAMW, big)) == 1
+  huge = dataclasses.replace(big, max_concurrent_steps=5, epi_n=64)
+  reason = kernel_mosaic.unsupported_reason(x, dy, w, (w, w), rules.ADAMW,
+                                            None, huge)
+  assert reason and "shared memory" in reason
+
+
+@pytest.mark.parametrize("bad,what", [
+    (dict(compute_wgs=2), "compute_wgs=2"),
+    (dict(early_epilogue=True), "early_epilogue=True"),
+    (dict(max_concurrent_steps=1), "max_concurrent_steps=1"),
+    (dict(overlap=1), "overlap=1 must be a bool"),
+])
+def test_overlap_config_refusals(bad, what):
+  with pytest.raises(ValueError, match=what):
+    MosaicConfig(**{**dict(overlap=True), **bad})
+
+
 @pytest.mark.parametrize("ping_pong", [False, True])
 def test_barriers_beyond_one_allocation_are_refused(rng, monkeypatch, ping_pong):
   # Two compute warpgroups × 4 epilogue slots × 5 arrays (W, two int8 codes,
