@@ -409,10 +409,9 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
                                          for d in state_dtypes)
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
-  if config.overlap:  # the previous tile's fp32 gradient, beside both
-    return (stages + epilogue + config.block_m * config.block_n * 4
-            + SMEM_SLACK_TILES)
   slack = SMEM_SLACK if num_scale_arrays or fold_block > 1 else SMEM_SLACK_TILES
+  if config.overlap:  # the previous tile's fp32 gradient, beside both
+    return stages + epilogue + config.block_m * config.block_n * 4 + slack
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue + slack
   return max(stages, epilogue) + slack
@@ -1099,7 +1098,9 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
     ctas = lax.axis_size("cta")
     local = (num_tiles - cta + ctas - 1) // ctas  # this CTA's tiles (>= 1)
     total = local * steps
-    scalars = _read_scalars(scalar_ref, "kernel")
+    # Once per CTA unless SCALARS_AT is 'sub': a tile's sub-tiles are spread
+    # over the next tile's token loop.
+    scalars = _read_scalars(scalar_ref, "tile")
 
     def tile(j):  # (row, column) of this CTA's j-th tile
       return tiling.grouped_tile(cta + j * ctas, num_m, num_n, config.group_m)
