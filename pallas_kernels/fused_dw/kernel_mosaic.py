@@ -1067,6 +1067,28 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
                     **scratch)
 
 
+def _tile_grid(config: MosaicConfig, t: int, d_in: int, d_out: int):
+  """(tile rows, tile columns, tiles, token steps per tile, stages) of the
+  persistent layouts that walk (block_m, block_n) tiles."""
+  num_m, num_n = d_in // config.block_m, d_out // config.block_n
+  return (num_m, num_n, num_m * num_n, t // config.block_t,
+          config.max_concurrent_steps)
+
+
+def _token_ring(x_ref, dy_ref, config: MosaicConfig) -> dict:
+  """The persistent layouts' ring of token stages (``max_concurrent_steps``
+  of them): ``x_smem`` (an x tile per stage, (block_m, block_t) when XLA
+  transposed x, else (block_t, block_m)) and ``dy_smem`` ((block_t,
+  block_n) per stage)."""
+  depth, bt, bn = config.max_concurrent_steps, config.block_t, config.block_n
+  x_block = (config.block_m, bt) if config.transpose_x else (bt, config.block_m)
+  return dict(
+      x_smem=plgpu.SMEM((depth, *x_block), x_ref.dtype,
+                        transforms=_smem_transforms(x_block[1], x_ref.dtype)),
+      dy_smem=plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
+                         transforms=_smem_transforms(bn, dy_ref.dtype)))
+
+
 def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
                layout: _Layout, in_place: bool):
   """overlap=True: persistent CTAs of one warpgroup, each overlapping its
@@ -1086,12 +1108,9 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       x_ref, dy_ref, refs, config, layout, in_place)
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
-  num_m, num_n = d_in // bm, d_out // bn
-  num_tiles, steps = num_m * num_n, t // bt
-  depth = config.max_concurrent_steps
+  num_m, num_n, num_tiles, steps, depth = _tile_grid(config, t, d_in, d_out)
   lag = max(1, depth - 2)
   slots = config.epi_slots
-  x_block = (bm, bt) if config.transpose_x else (bt, bm)
 
   def scope(x_smem, dy_smem, loaded, bufs, barriers, grad):
     cta = lax.axis_index("cta")
@@ -1195,10 +1214,7 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
   pl.run_scoped(
       scope,
-      x_smem=plgpu.SMEM((depth, *x_block), x_ref.dtype,
-                        transforms=_smem_transforms(x_block[1], x_ref.dtype)),
-      dy_smem=plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
-                         transforms=_smem_transforms(bn, dy_ref.dtype)),
+      **_token_ring(x_ref, dy_ref, config),
       loaded=plgpu.Barrier(num_arrivals=2, num_barriers=depth),
       bufs=_epilogue_buffers(in_refs, layout, config),
       barriers=plgpu.Barrier(num_barriers=slots * n_arr),
@@ -1314,11 +1330,8 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
       x_ref, dy_ref, refs, config, layout, in_place)
   bm, bn, bt = config.block_m, config.block_n, config.block_t
   em, en = config.epi_m, config.epi_n
-  num_m, num_n = d_in // bm, d_out // bn
-  num_tiles, steps = num_m * num_n, t // bt
-  depth = config.max_concurrent_steps
+  num_m, num_n, num_tiles, steps, depth = _tile_grid(config, t, d_in, d_out)
   slots = config.epi_slots
-  x_block = (bm, bt) if config.transpose_x else (bt, bm)
 
   def scope(x_smem, dy_smem, produced, consumed, bufs, barriers):
     wg = lax.axis_index("wg")
@@ -1418,10 +1431,7 @@ def _kernel_pp(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
   pl.run_scoped(
       scope,
-      x_smem=plgpu.SMEM((depth, *x_block), x_ref.dtype,
-                        transforms=_smem_transforms(x_block[1], x_ref.dtype)),
-      dy_smem=plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
-                         transforms=_smem_transforms(bn, dy_ref.dtype)),
+      **_token_ring(x_ref, dy_ref, config),
       produced=plgpu.Barrier(num_arrivals=2, num_barriers=2 * depth),
       consumed=plgpu.Barrier(num_barriers=depth),
       bufs=_epilogue_buffers(in_refs, layout, config, lead=(2,)),
