@@ -1099,7 +1099,7 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
   stages, which it refills itself: once step g - lag's wgmma is done
   (``lag`` = stages - 2, at least 1, wgmmas stay in flight) its stage
   loads step g - lag + stages. After tile j's last step the accumulator
-  goes to ``grad_smem`` (fp32) and the first ``epi_ahead`` W/state
+  goes to ``grad`` (fp32, shared memory) and the first ``epi_ahead`` W/state
   sub-tiles of tile j start loading; during tile j + 1's token loop one
   epilogue sub-tile of tile j runs after each group of token steps, while
   the group's last wgmmas run on the tensor cores. The last tile's epilogue
@@ -1170,7 +1170,8 @@ def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
           g = j * steps + k
           slot = lax.rem(g, depth)
           plgpu.barrier_wait(loaded.at[slot])
-          a = x_smem.at[slot] if config.transpose_x else x_smem.at[slot].transpose((1, 0))
+          a = (x_smem.at[slot] if config.transpose_x
+               else x_smem.at[slot].transpose((1, 0)))
           plgpu.wgmma(acc_ref, a, dy_smem.at[slot])
           plgpu.wgmma_wait(lag)  # step k - lag's wgmma is done: refill its stage
 
