@@ -254,6 +254,27 @@ def build(model_name: str, tokens: int, optimizer: str, layout: str, *,
   return cfg, model, (batch[:, :-1], batch[:, 1:]), tx
 
 
+_STEP_LOWERINGS = []  # one entry per lowering of a function named `step`
+
+
+def _count_step_lowerings() -> int:
+  """Lowerings of a jitted ``step`` in this process so far (JAX's
+  monitoring events; the listener is registered on the first call).
+
+  ``run_one`` expects one per variant: a second means the step's first call
+  missed jit's cache after ``lower(...).compile()`` and compiled the step
+  again inside the first timed step (stop 42: the unrolled and
+  tensor-parallel rows did, calling the jitted step)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if not _STEP_LOWERINGS:
+    _STEP_LOWERINGS.append(None)  # registered
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **kw: _STEP_LOWERINGS.append(secs) if (
+            event == "/jax/core/compile/jaxpr_to_mlir_module_duration"
+            and kw.get("fun_name") == "jit(step)") else None)
+  return len(_STEP_LOWERINGS) - 1
+
+
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
             logits_dtype: str = "float32", implementation: str = "auto",
@@ -308,6 +329,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   from forge_jax.models import llama
   from pallas_kernels import fused_dw
 
+  lowerings_before = _count_step_lowerings()
   cfg, model, batch, tx = build(model_name, tokens, optimizer, layout,
                                 attention=attention, logits_dtype=logits_dtype,
                                 embedding=embedding, tp=tp, layers=layers)
@@ -371,6 +393,12 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     with in_mesh():
       lowered = step.lower(state, batch)
   phase("lower")
+  # The steps below call this executable: the one whose memory_analysis the
+  # row reports. Calling `step` instead lowered and compiled it again at its
+  # first call wherever the state mixed committed and uncommitted arrays
+  # (stop 42, on the CPU: the unrolled init and the tensor-parallel rows;
+  # presumably why stop 41's 8B int8 unrolled row ran out of time in its
+  # steps on the H200, 42 s after a 44 s compile).
   compiled = lowered.compile()
   phase("compile")
   ma = compiled.memory_analysis()
@@ -386,7 +414,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   for i in range(steps):
     t0 = time.perf_counter()
     with in_mesh():
-      state, m = step(state, batch)
+      state, m = compiled(state, batch)
     jax.block_until_ready(m["loss"])
     times.append(time.perf_counter() - t0)
     losses.append(float(m["loss"]))
@@ -411,7 +439,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     with in_mesh():
       t0 = time.perf_counter()
       for _ in range(pipelined):
-        state, m = step(state, batch)
+        state, m = compiled(state, batch)
       jax.block_until_ready((state, m))
     extra["pipelined_step_s"] = (time.perf_counter() - t0) / pipelined
     if not np.isfinite(float(m["loss"])):
@@ -421,11 +449,15 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     try:
       with jax.profiler.trace(trace_dir):
         with in_mesh():
-          state, m = step(state, batch)
+          state, m = compiled(state, batch)
         jax.block_until_ready(m["loss"])
       extra["profile"] = profile_summary.summarize(trace_dir)
     finally:
       shutil.rmtree(trace_dir, ignore_errors=True)
+  lowerings = _count_step_lowerings() - lowerings_before
+  if lowerings != 1:
+    print(f"WARNING: the step was lowered {lowerings} times, not once",
+          flush=True)
   return dict(model=model_name, params=llama.num_params(cfg), tokens=tokens,
               optimizer=optimizer, layout=layout, tp=tp, attention=attention,
               logits_dtype=logits_dtype,
@@ -440,6 +472,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               compile_s=phases["compile"], init_s=phases["init"],
               lower_s=phases["lower"],
               init_peak_bytes=init_peak,
+              step_lowerings=lowerings,
               device=jax.devices()[0].device_kind, jax=jax.__version__,
               **extra)
 

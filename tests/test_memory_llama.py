@@ -26,6 +26,9 @@ def test_variants_run_and_report_memory_and_state(capsys, full_rows):
     assert row["step_s"] > 0 and row["loss"] == row["loss"]  # finite, not NaN
     assert row["pipelined_step_s"] > 0  # 4 more steps, dispatched back to back
     assert all(row[k] > 0 for k in ("init_s", "lower_s", "compile_s"))
+    # The timed steps run the step compiled above: its first call does not
+    # lower (and compile) it again (stop 42: the unrolled rows did).
+    assert row["step_lowerings"] == 1, row["layout"]
   # bf16 Adam moments: 2 bytes x 2 per param; int8 folded (l=3) moments for the
   # projections and int8 for the rest: well under a quarter of that.
   assert int8_row["optimizer_state_bytes"] < 0.3 * optax_row["optimizer_state_bytes"]
@@ -45,6 +48,7 @@ def test_tensor_parallel_variant_runs_sharded():
   row = memory_llama.run_one("cpu-tiny", 16, "forge-bf16", "scan+remat", steps=2,
                              tp=2)
   assert row["tp"] == 2 and row["loss"] == row["loss"]
+  assert row["step_lowerings"] == 1  # compiled once (see the test above)
   assert not row["fused_embedding"]  # replicated under TP: unfused
   # Each device holds half of the projections and their moments: the
   # arguments of the sharded step (per device) are well under the whole's.
