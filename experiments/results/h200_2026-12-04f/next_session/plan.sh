@@ -6,7 +6,11 @@
 #    bf16-dW pair. If a variant is faster, the scanned+remat T=512 step with it as the
 #    default (stop 38 did the same for its staggered tile by changing MosaicConfig.default).
 # 3. The forge-int8 unrolled T=512 row without remat, with room for its ~120 s of init,
-#    lowering and compiling (stop 41's call gave it 160 s in all and it timed out in its steps).
+#    lowering and compiling (stop 41's call gave it 160 s in all and it timed out in its steps,
+#    presumably compiling the step a second time there: stop 42 found that the jitted step's
+#    first call re-lowered it in unrolled and TP rows, and memory_llama now runs the executable
+#    it compiled; each row's step_lowerings should read 1).
+# Stop 42 (2026-12-04): no device machine was lent; this plan was not run.
 source devrun/env.sh
 timeout 150 python -m pytest -q -x tests/test_fused_mosaic.py -k "overlap" > $OUT/pytest.log 2>&1; echo "rc=$?" >> $OUT/pytest.log
 tail -3 $OUT/pytest.log
