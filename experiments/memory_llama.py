@@ -254,17 +254,19 @@ def build(model_name: str, tokens: int, optimizer: str, layout: str, *,
   return cfg, model, (batch[:, :-1], batch[:, 1:]), tx
 
 
-_STEP_LOWERINGS = []  # one entry per lowering of a function named `step`
+# A marker once the listener is registered, then one entry per lowering of
+# a jitted function named `step`.
+_STEP_LOWERINGS = []
 
 
 def _count_step_lowerings() -> int:
   """Lowerings of a jitted ``step`` in this process so far (JAX's
   monitoring events; the listener is registered on the first call).
 
-  ``run_one`` expects one per variant: a second means the step's first call
-  missed jit's cache after ``lower(...).compile()`` and compiled the step
-  again inside the first timed step (stop 42: the unrolled and
-  tensor-parallel rows did, calling the jitted step)."""
+  ``run_one`` expects one per variant: another would be a second compile of
+  the step during the timed steps (stop 42: calling the jitted step after
+  ``lower(...).compile()`` did that in the unrolled and tensor-parallel
+  rows)."""
   import jax  # pylint: disable=g-import-not-at-top
   if not _STEP_LOWERINGS:
     _STEP_LOWERINGS.append(None)  # registered
@@ -842,6 +844,9 @@ def main(argv=None):
         row["peak_live"] = write_peak_report(dump, os.path.join(
             a.out, f"peak_{a.model}_{stamp}_{len(rows)}_T{t}_{name}.txt"))
       shutil.rmtree(dump, ignore_errors=True)
+    if row.get("step_lowerings", 1) != 1:  # rows before stop 42 lack it
+      print(f"WARNING: {t}:{opt}:{layout} lowered its step "
+            f"{row['step_lowerings']} times, not once", flush=True)
     rows.append(row)
     print(json.dumps(row), flush=True)
   print_table(rows)

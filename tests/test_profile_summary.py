@@ -93,6 +93,8 @@ def test_memory_llama_profiles_a_step_on_the_cpu(capsys):
                              profile=True, layers=1)  # one block: the same path
   prof = row["profile"]
   assert prof["total_ms"] > 0 and prof["top"]
+  # The profiled step is the compiled one too: one lowering (stop 42).
+  assert row["step_lowerings"] == 1
   assert all(k["ms"] > 0 for k in prof["top"])
   capsys.readouterr()
   memory_llama.print_profiles([row])
