@@ -28,7 +28,10 @@ step's ``fj.adamw``; under tensor parallelism (``--tp``) the head and
 embedding stay unfused and replicated;
 
 each ``unrolled`` or ``scan`` (``nn.scan`` over the blocks), with or without
-per-block rematerialization (``remat``).
+per-block rematerialization (``remat``). A fused ``scan`` row's backward
+(``inplace_scan``) reads the residuals its forward saved; ``scan+remat``
+recomputes each block (before stop 43 both recomputed; such rows read so in
+the table).
 
     python -m experiments.memory_llama --model llama3.1-8b --tokens 2048
     python -m experiments.memory_llama --model cpu-tiny --tokens 64   # smoke test
@@ -431,6 +434,11 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     extra["xla_options"] = dict(xla_options)
   if layers:
     extra["n_layers"] = layers
+  if cfg.scan_layers and optimizer != "optax":
+    # inplace_scan's backward (since stop 43): 'remat' recomputes each block,
+    # 'saved' reads the residuals its forward scan saved. Before, a fused
+    # scan always rematerialized ('scan' rows without this key).
+    extra["scan_backward"] = "remat" if cfg.remat else "saved"
   if movement:  # after the timed steps, before a profiled one
     final = layer_leaves(jax.device_get(state.params))
     extra["movement"] = {k: float(np.mean(np.abs(
@@ -636,6 +644,9 @@ def _layout_label(row: dict) -> str:
   """The layout, plus the attention and logits dtype when not the defaults
   of the first runs (einsum attention, float32 logits)."""
   label = row["layout"]
+  if (row["layout"] == "scan" and row.get("optimizer", "optax") != "optax"
+      and "scan_backward" not in row):
+    label += " (block rematerialized: a fused scan before stop 43)"
   if row.get("attention", "einsum") != "einsum":
     label += f", {row['attention']} attention"
   if row.get("logits_dtype", "float32") != "float32":

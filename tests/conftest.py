@@ -49,6 +49,28 @@ import pytest
 ON_GPU = jax.default_backend() == "gpu"
 
 
+def dots_per_loop(closed_jaxpr) -> list[int]:
+  """dot_general equations in each outermost loop (scan or while) of a
+  program, in program order; nested loops count toward theirs. (A
+  ``fori_loop`` with static bounds is traced as a scan.)"""
+  from jax.extend.core import jaxprs_in_params
+  found = []
+
+  def count(jaxpr):
+    return sum(eqn.primitive.name == "dot_general" for eqn in jaxpr.eqns) + sum(
+        count(sub) for eqn in jaxpr.eqns for sub in jaxprs_in_params(eqn.params))
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name in ("scan", "while"):
+        found.append(sum(count(sub) for sub in jaxprs_in_params(eqn.params)))
+      else:
+        for sub in jaxprs_in_params(eqn.params):
+          walk(sub)
+  walk(closed_jaxpr.jaxpr)
+  return found
+
+
 def rel_err(a, b) -> float:
   a = np.asarray(a, np.float64)
   b = np.asarray(b, np.float64)

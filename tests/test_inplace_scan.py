@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import rel_err
-from forge_jax._src.inplace_scan import inplace_scan
+from conftest import dots_per_loop, rel_err
+from forge_jax._src.inplace_scan import inplace_scan, saved_residual_avals
 
 
 def _body(c, d, k):
@@ -30,22 +30,28 @@ def _loss_scan(carry, diff, const):
   return jnp.sum(out ** 2)
 
 
-def _loss_inplace(carry, diff, const):
-  return jnp.sum(inplace_scan(_body, carry, diff, const) ** 2)
+def _loss_inplace(carry, diff, const, remat=True):
+  return jnp.sum(inplace_scan(_body, carry, diff, const, remat=remat) ** 2)
 
 
-def test_values_and_gradients_equal_lax_scan(rng):
+REMAT = pytest.mark.parametrize("remat", [True, False], ids=["remat", "saved"])
+
+
+@REMAT
+def test_values_and_gradients_equal_lax_scan(rng, remat):
   carry, diff, const = _inputs(rng)
   want = jax.value_and_grad(_loss_scan, argnums=(0, 1))(carry, diff, const)
-  got = jax.jit(jax.value_and_grad(_loss_inplace, argnums=(0, 1)))(carry, diff, const)
+  got = jax.jit(jax.value_and_grad(_loss_inplace, argnums=(0, 1)),
+                static_argnums=3)(carry, diff, const, remat)
   assert rel_err(got[0], want[0]) <= 1e-6
   for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
     assert rel_err(a, b) <= 1e-5
 
 
-def test_one_layer_and_bf16(rng):
+@REMAT
+def test_one_layer_and_bf16(rng, remat):
   carry, diff, const = _inputs(rng, n=1, dtype=jnp.bfloat16)
-  got = jax.grad(_loss_inplace, argnums=1)(carry, diff, const)
+  got = jax.grad(_loss_inplace, argnums=1)(carry, diff, const, remat)
   want = jax.grad(_loss_scan, argnums=1)(carry, diff, const)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert a.dtype == jnp.bfloat16
@@ -53,7 +59,10 @@ def test_one_layer_and_bf16(rng):
 
 
 def test_backward_holds_one_stack(rng):
-  """With the stack donated, the compiled gradient needs no second stack."""
+  """With the stack donated, the compiled gradient needs no second stack.
+  (remat=False: tests/test_llama.py checks the fused Llama step; with a plain
+  gradient as here the backward's read of w for dc has no path to w's
+  in-place write, and XLA copies the stack: inplace_scan's docstring.)"""
   n, width = 8, 256
   carry, diff, const = _inputs(rng, n=n, width=width)
   stack_bytes = sum(a.nbytes for a in jax.tree.leaves(diff))
@@ -83,7 +92,8 @@ def test_bad_inputs(rng, bad, match):
     inplace_scan(lambda c, d, k: c, carry, d, k)
 
 
-def test_closed_over_values_get_their_gradient(rng):
+@REMAT
+def test_closed_over_values_get_their_gradient(rng, remat):
   """A scale shared by every layer, closed over by the body, under jax.grad."""
   carry, diff, const = _inputs(rng)
 
@@ -93,9 +103,50 @@ def test_closed_over_values_get_their_gradient(rng):
     if scan:
       out = jax.lax.scan(lambda c, xs: (body(c, *xs), None), carry, (diff, const))[0]
     else:
-      out = inplace_scan(body, carry, diff, const)
+      out = inplace_scan(body, carry, diff, const, remat=remat)
     return jnp.sum(out ** 2)
 
   want = jax.grad(loss)(1.1, True)
   got = jax.jit(jax.grad(loss), static_argnums=1)(1.1, False)
   assert rel_err(got, want) <= 1e-5
+
+
+def test_saved_residuals_spare_the_backward_its_forward(rng):
+  """remat=False: the backward loop runs only the VJP's matmuls (dc and dw),
+  not the forward's c @ w again, and nothing weight-sized is saved."""
+  carry, diff, const = _inputs(rng, n=4, width=8)
+  def dots(remat):
+    grad = jax.grad(lambda c, d: _loss_inplace(c, d, const, remat), argnums=(0, 1))
+    return dots_per_loop(jax.make_jaxpr(grad)(carry, diff))
+  # The forward loop: c @ w. The backward loop: dc and dw, and with remat
+  # c @ w again.
+  assert dots(True) == [1, 3] and dots(False) == [1, 2], (dots(True), dots(False))
+  avals = saved_residual_avals(_body, carry, diff, const)
+  assert avals and all(a.shape == carry.shape for a in avals), avals
+
+
+def test_weight_only_residuals_are_recomputed_not_saved(rng):
+  """Residuals computed from the weights alone (sin(w), which c @ sin(w)'s
+  VJP keeps, and cos(w), which sin's keeps) are recomputed from slice i, so
+  the forward saves no (n, width, width) stack; the gradients stay exact."""
+  carry, diff, const = _inputs(rng, n=3, width=8)
+
+  def body(c, d, k):
+    return c + jnp.tanh(c @ jnp.sin(d["w"]))
+
+  avals = saved_residual_avals(body, carry, diff, const)
+  assert all(a.shape != diff["w"].shape[1:] for a in avals), avals
+
+  def loss(c, d, remat):
+    return jnp.sum(inplace_scan(body, c, d, const, remat=remat) ** 2)
+  want = jax.grad(lambda c, d: jnp.sum(jax.lax.scan(
+      lambda c, x: (body(c, *x), None), c, (d, const))[0] ** 2), argnums=(0, 1))(carry, diff)
+  got = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(carry, diff, False)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert rel_err(a, b) <= 1e-6
+
+
+def test_remat_must_be_a_bool(rng):
+  carry, diff, const = _inputs(rng)
+  with pytest.raises(ValueError, match="remat must be a bool"):
+    inplace_scan(_body, carry, diff, const, remat="no")

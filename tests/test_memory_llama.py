@@ -300,3 +300,27 @@ def test_compiler_option_sets_reach_the_variant_processes(tmp_path):
     memory_llama.main(["--model", "cpu-tiny", "--one", "16:optax:unrolled",
                        "--compiler-options", "", "--compiler-options", "a=1"])
 
+
+
+def test_a_fused_scan_row_saves_residuals_and_scan_remat_recomputes():
+  # Since stop 43 a fused 'scan' row's backward (inplace_scan) reads the
+  # residuals its forward saved; 'scan+remat' recomputes each block. Same
+  # model, init and batch: the same losses, up to rounding.
+  saved, remat = (memory_llama.run_one("cpu-tiny", 16, "forge-bf16", layout,
+                                       steps=2, layers=2, pipelined=0)
+                  for layout in ("scan", "scan+remat"))
+  assert (saved["scan_backward"], remat["scan_backward"]) == ("saved", "remat")
+  for a, b in zip(saved["losses"], remat["losses"]):
+    assert abs(a - b) <= 1e-3 * abs(b), (saved["losses"], remat["losses"])
+  # The residual stacks the forward saved (traced: scan_residuals) are in
+  # the compiled step's temp.
+  from experiments import scan_residuals  # pylint: disable=g-import-not-at-top
+  kept = scan_residuals.measure("cpu-tiny", 16, "forge-bf16", "scan")
+  assert kept["per_block_bytes"] > 16 * 128 * 2  # more than a block's input
+  assert saved["temp_size_in_bytes"] >= 2 * kept["per_block_bytes"]
+  # Rows from before (no scan_backward key) say that they rematerialized.
+  old = {k: v for k, v in saved.items() if k != "scan_backward"}
+  assert "block rematerialized" in memory_llama._layout_label(old)
+  assert "rematerialized" not in memory_llama._layout_label(saved)
+  optax_row = dict(old, optimizer="optax")
+  assert "rematerialized" not in memory_llama._layout_label(optax_row)

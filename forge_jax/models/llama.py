@@ -43,7 +43,7 @@ import numpy as np
 import optax
 
 from forge_jax._src import dense as dense_lib
-from forge_jax._src.inplace_scan import inplace_scan
+from forge_jax._src.inplace_scan import inplace_scan, recompute_elementwise
 from pallas_kernels import quantization
 
 __all__ = [
@@ -112,8 +112,10 @@ class LlamaConfig:
       and ``forge_state`` under ``layers/block`` with a leading
       ``(n_layers,)`` axis), the usual idiom of large JAX models. In a fused
       step the scanned blocks' kernels and moments are updated in place
-      (``forge_jax._src.inplace_scan``; each block rematerialized in the
-      backward pass), so scanning costs no second stack of them.
+      (``forge_jax._src.inplace_scan``: with ``remat`` each block is
+      rematerialized in the backward pass; without, the forward saves its
+      activation residuals, as ``nn.scan`` does), so scanning costs no
+      second stack of them.
     tensor_parallel_axis: Mesh axis name for Megatron-style tensor
       parallelism of the fused projections: q/k/v and gate/up split by
       columns, o and down by rows (``ForgeDense.kernel_axes``); run the
@@ -650,9 +652,14 @@ class Llama(nn.Module):
     Under ``nn.scan`` the backward pass would collect every layer's new
     kernels and moments (the fused layers' cotangents) into a fresh stacked
     buffer beside the old one. Here the stacked ``layers/block`` variables
-    are the carry of a reverse loop that recomputes block i from its input
-    (per-block rematerialization, whatever ``config.remat`` says), runs its
-    fused backward and writes block i's new values into slice i.
+    are the carry of a reverse loop that runs block i's fused backward and
+    writes block i's new values into slice i. With ``config.remat`` the loop
+    recomputes block i's forward from its saved input (per-block
+    rematerialization); without, the forward scan saves each block's
+    matmul and attention outputs and the loop recomputes only the
+    elementwise rest of the forward (``inplace_scan(..., remat=False)`` of
+    the block under ``jax.checkpoint(policy=recompute_elementwise)``; the
+    weights are read from the stack, not saved a second time).
     """
     cfg = self.config
     params = flax.core.unfreeze(self.variables["params"]["layers"]["block"])
@@ -681,7 +688,11 @@ class Llama(nn.Module):
         return Block(cfg, self.dense_cls).apply(
             flax.traverse_util.unflatten_dict(flat), h)
 
-    return inplace_scan(body, x, diff, const)
+    if not cfg.remat:
+      # Save the matmul (and attention) outputs, recompute the elementwise
+      # rest in the backward: a third of the residuals of saving everything.
+      body = jax.checkpoint(body, policy=recompute_elementwise)
+    return inplace_scan(body, x, diff, const, remat=cfg.remat)
 
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
