@@ -18,6 +18,7 @@ from forge_jax._src.fold import fold_adam_labels
 from forge_jax._src.fold import hybrid_fold_adam
 from forge_jax._src.fold import scale_by_fold_adam
 from forge_jax._src.inplace_scan import inplace_scan
+from forge_jax._src.inplace_scan import recompute_elementwise
 from forge_jax._src.train_state import FusedTrainStep
 from forge_jax._src.train_state import SCAN_GPU_COMPILER_OPTIONS
 from forge_jax._src.train_state import TrainState
@@ -71,6 +72,7 @@ __all__ = [
     "fused_step",
     "hybrid_fold_adam",
     "inplace_scan",
+    "recompute_elementwise",
     "checkpoint_metadata",
     "latest_checkpoint_step",
     "lion",

@@ -178,6 +178,13 @@ def recompute_elementwise(prim, *avals, **params) -> bool:
   every fp32 intermediate of its norms, RoPE and SiLU (Llama-3.1-8B, T=512,
   XLA attention, traced on the CPU: 78 MiB per block against 238), and the
   backward recomputes no matmul (``tests/test_llama.py`` counts them).
+
+  Args:
+    prim: the primitive whose output ``jax.checkpoint`` asks about.
+    *avals, **params: its operands' avals and its parameters (unused).
+
+  Returns:
+    True to save the primitive's outputs, False to recompute them.
   """
   del avals, params
   return prim.name not in _ELEMENTWISE

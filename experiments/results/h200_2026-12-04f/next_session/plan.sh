@@ -1,4 +1,5 @@
 # Not run yet. For the next session's device time, from the repository root with devrun/env.sh.
+# 0. First (stop 43): ../../next_session/scan_saved.sh, the fused scan without per-block remat.
 # 1. If nvidia-h200-x2 is lent: ../../h200_2026-12-03h/next_session/tp2.sh (TP=2, issue 6).
 # 2. The one-warpgroup overlap layout (MosaicConfig(overlap=True), stop 41, tested only in the
 #    CPU interpreter and lowered for CUDA): its compiled tests, ptxas's report (registers,
@@ -10,7 +11,7 @@
 #    presumably compiling the step a second time there: stop 42 found that the jitted step's
 #    first call re-lowered it in unrolled and TP rows, and memory_llama now runs the executable
 #    it compiled; each row's step_lowerings should read 1).
-# Stop 42 (2026-12-04): no device machine was lent; this plan was not run.
+# Stops 42 and 43 (2026-12-04): no device machine was lent; this plan was not run.
 source devrun/env.sh
 timeout 150 python -m pytest -q -x tests/test_fused_mosaic.py -k "overlap" > $OUT/pytest.log 2>&1; echo "rc=$?" >> $OUT/pytest.log
 tail -3 $OUT/pytest.log

@@ -1,0 +1,21 @@
+# Not run yet (stop 43 had no device). First in the next session's device time, before
+# ../h200_2026-12-04f/next_session/plan.sh: the fused scanned step without per-block remat,
+# new in stop 43 (inplace_scan(remat=False): the forward loop saves each block's matmul and
+# attention outputs, the backward loop recomputes no forward matmul). Issue 6's T=512 goal
+# (1.2x the optax step) and T=2048 goal (no slower) in the same run as their baselines.
+# Two calls (each under the 600 s limit), from the repository root with devrun/env.sh
+# (carry devrun; env.sh as ../h200_2026-12-03j/env.sh). What to check in each row: temp
+# (the 8B saved residuals should add about 1.5-2.5 GiB at T=512 over scan+remat's 0.39,
+# traced on the CPU with XLA attention: experiments/scan_residuals; a temp near a stack of
+# weights, ~14 GiB, would mean XLA copied a stack), step_lowerings 1, and the losses of the
+# scan and scan+remat rows alike (same init and batch).
+# Call 1 (T=512): the fused scan and scan+remat rows, optax's scan and unrolled rows.
+source devrun/env.sh
+M="python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --steps 5 --pipelined 3 --compiler-options xla_gpu_enable_triton_gemm=false --implementation auto --timeout 170"
+PYTHONPATH=. timeout 560 $M --tokens 512 --layouts scan,scan+remat,unrolled --optimizers forge-bf16,optax --out $OUT/t512 > $OUT/t512.log 2>&1; echo "rc=$?" >> $OUT/t512.log
+kill $SMI
+grep -h "^| llama\|rc=\|WARNING" $OUT/*.log | cut -c1-330
+# Call 2 (T=2048, and int8 moments at T=512), a new call:
+# source devrun/env.sh; M=... as above
+# PYTHONPATH=. timeout 280 $M --tokens 2048 --layouts scan,unrolled --optimizers forge-bf16,optax --out $OUT/t2048 > $OUT/t2048.log 2>&1
+# PYTHONPATH=. timeout 280 $M --tokens 512 --layouts scan --optimizers forge-int8 --out $OUT/t512_int8 > $OUT/t512_int8.log 2>&1
