@@ -288,6 +288,22 @@ def _matmul_barriers(closed_jaxpr) -> tuple[int, int]:
   return tuple(counts)
 
 
+def _fused_step_jaxpr(tokens, fused_head=False, **overrides):
+  """The jaxpr of one fused AdamW step (implementation='xla') of TINY with
+  ``overrides``; ``fused_head``: the head a ForgeDense too."""
+  import forge_jax as fj
+  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2),
+                            implementation="xla")
+  model = Llama(dataclasses.replace(TINY, **overrides), dense_cls=dense,
+                head_cls=dense if fused_head else None)
+  state = fj.TrainState.create(apply_fn=model.apply,
+                               variables=model.init(jax.random.key(0), tokens),
+                               tx=optax.adamw(1e-2))
+  loss = lambda vv, b: cross_entropy_loss(model.apply(vv, b[0]), b[1])  # noqa: E731
+  return jax.make_jaxpr(lambda s, b: fj.fused_step(s, b, loss, implementation="xla"))(
+      state, (tokens[:, :-1], tokens[:, 1:]))
+
+
 def test_stacked_layers_matmuls_have_no_barrier(tiny):
   """dense._matmul's barrier (which keeps XLA from hoisting merged q/k/v
   kernels out of an unrolled step) is left out for stacked layers: there
@@ -296,21 +312,8 @@ def test_stacked_layers_matmuls_have_no_barrier(tiny):
   scanned Llama-3.1-8B step at T=512). The unrolled step keeps one per fused
   layer's forward matmul (its rematerialized forward, under per-block remat,
   too); the scanned step keeps only the unstacked head's."""
-  import forge_jax as fj
-  tokens = tiny[0]
-  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2),
-                            implementation="xla")
-  batch = (tokens[:, :-1], tokens[:, 1:])
-  found = {}
-  for scan in (False, True):
-    model = Llama(dataclasses.replace(TINY, scan_layers=scan, remat=True),
-                  dense_cls=dense, head_cls=dense)
-    state = fj.TrainState.create(apply_fn=model.apply,
-                                 variables=model.init(jax.random.key(0), tokens),
-                                 tx=optax.adamw(1e-2))
-    loss = lambda vv, b, m=model: cross_entropy_loss(m.apply(vv, b[0]), b[1])  # noqa: E731
-    found[scan] = _matmul_barriers(jax.make_jaxpr(
-        lambda s, b, f=loss: fj.fused_step(s, b, f, implementation="xla"))(state, batch))
+  found = {scan: _matmul_barriers(_fused_step_jaxpr(
+      tiny[0], fused_head=True, scan_layers=scan, remat=True)) for scan in (False, True)}
   n_blocks = len(PROJ_NAMES) * TINY.n_layers
   assert found[False][1] == 0 and found[False][0] >= n_blocks + 1, found
   assert found[True] == (1, 0), found
@@ -322,21 +325,8 @@ def test_scanned_fused_step_without_remat_runs_no_forward_in_its_backward(tiny):
   backward's matmuls. With remat it runs the block's forward matmuls again,
   all but the last (down_proj's output only feeds the residual sum, which
   the backward does not need)."""
-  import forge_jax as fj
-  tokens = tiny[0]
-  dense = functools.partial(fj.ForgeDense, optimizer=fj.adamw(1e-2),
-                            implementation="xla")
-  batch = (tokens[:, :-1], tokens[:, 1:])
-  found = {}
-  for remat in (True, False):
-    model = Llama(dataclasses.replace(TINY, scan_layers=True, remat=remat),
-                  dense_cls=dense)
-    state = fj.TrainState.create(apply_fn=model.apply,
-                                 variables=model.init(jax.random.key(0), tokens),
-                                 tx=optax.adamw(1e-2))
-    loss = lambda vv, b, m=model: cross_entropy_loss(m.apply(vv, b[0]), b[1])  # noqa: E731
-    found[remat] = dots_per_loop(jax.make_jaxpr(
-        lambda s, b, f=loss: fj.fused_step(s, b, f, implementation="xla"))(state, batch))
+  found = {remat: dots_per_loop(_fused_step_jaxpr(tiny[0], scan_layers=True, remat=remat))
+           for remat in (True, False)}
   # The forward loop, then the backward's (a fori_loop, traced as a scan).
   assert len(found[True]) == len(found[False]) == 2, found
   forward, backward = found[False]
