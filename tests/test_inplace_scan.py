@@ -150,3 +150,25 @@ def test_remat_must_be_a_bool(rng):
   carry, diff, const = _inputs(rng)
   with pytest.raises(ValueError, match="remat must be a bool"):
     inplace_scan(_body, carry, diff, const, remat="no")
+
+
+@REMAT
+def test_a_side_effect_in_the_body(rng, remat):
+  """A body with an effect (a debug callback of the carry) runs, with the
+  gradients of lax.scan; without remat the backward does not run it again."""
+  calls = []
+
+  def body(c, d, k):
+    jax.debug.callback(lambda s: calls.append(float(s)), c.sum())
+    return _body(c, d, k)
+
+  carry, diff, const = _inputs(rng, n=4)
+  want = jax.grad(_loss_scan, argnums=(0, 1))(carry, diff, const)
+  calls.clear()
+  got = jax.jit(jax.grad(lambda c, d: jnp.sum(
+      inplace_scan(body, c, d, const, remat=remat) ** 2), argnums=(0, 1)))(carry, diff)
+  jax.effects_barrier()
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert rel_err(a, b) <= 1e-5
+  # 4 layers forward; with remat their recomputation runs it again
+  assert len(calls) == (8 if remat else 4), len(calls)

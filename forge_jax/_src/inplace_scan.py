@@ -39,10 +39,6 @@ import numpy as np
 from jax import lax
 from jax.extend import core as _core
 
-# dce_jaxpr: JAX's own dead-code elimination of a jaxpr, internal but the same
-# signature on jax 0.10 and 0.11.
-from jax._src.interpreters import partial_eval as _pe
-
 _Literal = _core.Literal
 
 
@@ -52,8 +48,9 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
 
   Args:
     body: ``(carry, diff_i, const_i) -> carry`` (same structure, shapes and
-      dtypes), a pure function; traced once, with its VJP, for the forward
-      and backward loops.
+      dtypes), a pure function (effects such as ``jax.debug.print`` run in
+      the forward loop); traced twice, by ``jax.closure_convert`` and with
+      its VJP for both loops.
     carry: the initial carry (e.g. activations (B, S, D)).
     diff: pytree of floating arrays with a leading layer axis n (stacked
       weights and states); differentiated.
@@ -64,13 +61,17 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
       rematerialization: ``body`` under ``jax.checkpoint`` with
       ``nothing_saveable``, no ``prevent_cse`` barriers). False: the forward
       saves each layer's VJP residuals that depend on the carry (activations,
-      what ``lax.scan`` without remat saves) and the backward runs no forward;
-      residuals computed from the layer's ``diff``, ``const`` and closed-over
-      values alone (the weights themselves, their casts and transposes) are
-      not stacked (that would be a second copy of the weights) but recomputed
-      in the backward from slice i, which still holds the old values. To save
-      fewer, pass ``jax.checkpoint(body, policy=...)`` (e.g.
-      :func:`recompute_elementwise`): the residuals are then the policy's.
+      what ``lax.scan`` without remat saves) and the backward recomputes
+      only residuals computed from the layer's ``diff``, ``const`` and
+      closed-over values alone (the weights themselves, their casts and
+      transposes): those are not stacked (that would be a second copy of the
+      weights) but recomputed from slice i, which still holds the old
+      values. (Conservatively, a weights-only value computed inside an
+      equation that also reads the carry, such as a nested ``jit`` or a
+      ``cond`` on the carry, counts as carry-dependent and is saved.) To
+      save fewer, pass ``jax.checkpoint(body, policy=..., prevent_cse=False)``
+      (e.g. :func:`recompute_elementwise`): the residuals are then the
+      policy's.
       XLA writes slice i in place only where it can order every read of the
       slice before the write: where a layer's cotangent does not depend on a
       value the backward reads from the slice (a plain gradient dW and the
@@ -124,19 +125,29 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
       raise ValueError(
           f"inplace_scan: const leaves get no gradient, so they may not be "
           f"floating (got {jnp.result_type(a)}); pass it in diff")
+  plan, consts = _plan(body, carry, diff, const, remat)
+  return _scan(plan, carry, diff, const, consts)
+
+
+def _plan(body, carry, diff, const, remat: bool):
+  """``(_ResidualPlan, consts)`` for ``body`` on layer 0's slices."""
   # Values the body closes over (e.g. a shared scale under jax.grad) become
   # explicit arguments, so their cotangents can be returned (summed over
   # the layers); closed-over values that are not differentiated pass too.
   first = lambda a: a[0]  # noqa: E731
-  converted, consts = jax.closure_convert(
-      body, carry, jax.tree.map(first, diff), jax.tree.map(first, const))
+  d0, k0 = jax.tree.map(first, diff), jax.tree.map(first, const)
+  converted, consts = jax.closure_convert(body, carry, d0, k0)
   if remat:
+    # prevent_cse=False: no optimization_barrier around the recomputation.
+    # Its operands (slices of the stacks) would each become a buffer of their
+    # own (stop 36: such copies took 14 ms of the scanned 8B step), and the
+    # recomputation runs in another loop than the forward, so there is
+    # nothing for XLA to merge it with.
     converted = jax.checkpoint(
         converted, policy=jax.checkpoint_policies.nothing_saveable,
         prevent_cse=False)
-  plan = _ResidualPlan(converted, carry, jax.tree.map(first, diff),
-                       jax.tree.map(first, const), tuple(consts))
-  return _scan(plan, carry, diff, const, tuple(consts))
+  consts = tuple(consts)
+  return _ResidualPlan(converted, carry, d0, k0, consts), consts
 
 
 def _is_float(a) -> bool:
@@ -158,13 +169,15 @@ def _zero_cotangent(a):
 # arithmetic, comparisons, casts and shape ops, cheap to recompute in the
 # backward from the values it does save.
 _ELEMENTWISE = frozenset((
-    "abs", "add", "add_any", "and", "broadcast_in_dim", "clamp", "concatenate",
-    "convert_element_type", "copy", "copy_p", "cos", "div", "eq", "erf", "exp",
-    "expand_dims", "ge", "gt", "integer_pow", "iota", "le", "log", "logistic",
-    "lt", "max", "min", "mul", "ne", "neg", "not", "or", "pow", "reduce_max",
-    "reduce_sum", "reshape", "rsqrt", "select_n", "sign", "sin", "slice",
-    "split", "sqrt", "square", "squeeze", "stack", "stop_gradient", "sub",
-    "tanh", "transpose", "xor"))
+    "abs", "add", "add_any", "and", "atan2", "broadcast_in_dim", "cbrt", "ceil",
+    "clamp", "concatenate", "convert_element_type", "copy", "cos", "cosh", "div",
+    "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt",
+    "integer_pow", "iota", "is_finite", "le", "log", "log1p", "logistic", "lt",
+    "max", "min", "mul", "ne", "neg", "not", "or", "pad", "pow", "reduce_max",
+    "reduce_min", "reduce_precision", "reduce_prod", "reduce_sum", "rem",
+    "reshape", "rev", "round", "rsqrt", "select_n", "sign", "sin", "sinh",
+    "slice", "split", "sqrt", "square", "squeeze", "stack", "stop_gradient",
+    "sub", "tan", "tanh", "transpose", "xor"))
 
 
 def recompute_elementwise(prim, *avals, **params) -> bool:
@@ -190,9 +203,13 @@ def recompute_elementwise(prim, *avals, **params) -> bool:
   return prim.name not in _ELEMENTWISE
 
 
+def _float_mask(consts) -> list[bool]:
+  return [_is_float(a) for a in consts]
+
+
 def _layer_vjp(body, c, d, k, consts):
   """``jax.vjp`` of one layer in (carry, diff, floating closed-over values)."""
-  float_consts = [_is_float(a) for a in consts]
+  float_consts = _float_mask(consts)
   fl = [a for a, f in zip(consts, float_consts) if f]
 
   def layer(c, d, fl):
@@ -206,13 +223,14 @@ class _ResidualPlan:
   """One layer's forward traced once, with ``jax.vjp``, into a jaxpr whose
   outputs are the new carry and the leaves of the VJP (its residuals, the
   primal inputs it keeps included). Each residual is classified by data
-  dependence on the carry: dependent ones are saved by the forward scan
+  dependence on the carry: dependent ones are saved by the forward loop
   (stacked over the layers); the others (functions of the layer's weights,
   constants and closed-over values: the weights themselves, their casts)
-  are recomputed in the backward from slice i, by the jaxpr cut down to
-  them (``dce_jaxpr``). The conservative rule: every output of an equation
-  with a carry-dependent input is carry-dependent (so a value computed from
-  the weights alone inside such an equation is saved; correct, not minimal).
+  are recomputed in the backward loop from slice i, by the equations they
+  need (:func:`_slice`). The rule is conservative: every output of an
+  equation with a carry-dependent input is carry-dependent, so a value
+  computed from the weights alone inside such an equation (a nested
+  ``jit``, a ``cond`` on the carry) is saved: correct, not minimal.
 
   Not hashable by value; used as a static argument (by identity).
   """
@@ -221,10 +239,11 @@ class _ResidualPlan:
     avals = lambda t: jax.tree.map(  # noqa: E731
         lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), t)
     args = (avals(carry), avals(d0), avals(k0), avals(consts))
-    closed, shapes = jax.make_jaxpr(
+    self.jaxpr, shapes = jax.make_jaxpr(
         lambda c, d, k, cs: _layer_vjp(body, c, d, k, cs), return_shape=True)(*args)
     self.out_tree = jax.tree.structure(shapes)
-    jaxpr = closed.jaxpr
+    self.float_consts = _float_mask(consts)
+    jaxpr = self.jaxpr.jaxpr
     n_c = len(jax.tree.leaves(args[0]))
     self.n_out = len(jax.tree.leaves(shapes[0]))
     dependent = set(jaxpr.invars[:n_c])
@@ -233,47 +252,56 @@ class _ResidualPlan:
         dependent.update(eqn.outvars)
     res = jaxpr.outvars[self.n_out:]
     self.saved = [not isinstance(v, _Literal) and v in dependent for v in res]
-    # A value kept by several residuals (a layer input read by several
-    # projections) is saved once: `slot` maps each saved residual to it.
-    first_of, self.slot = {}, []
-    for v, s in zip(res, self.saved):
-      self.slot.append(first_of.setdefault(v, len(first_of)) if s else None)
-    keep = [True] * self.n_out + [s and res.index(v) == i for i, (v, s)
-                                  in enumerate(zip(res, self.saved))]
-    self.fwd = _dce(closed, keep, keep_inputs=True)[0]
-    self.recompute, used = _dce(closed, [False] * self.n_out +
-                                [not s for s in self.saved])
-    assert not any(used[:n_c]), "a recomputed residual reads the carry"
+    self.saved_avals = [v.aval for v, s in zip(res, self.saved) if s]
+    self.recompute, used = _slice(self.jaxpr, [False] * self.n_out +
+                                  [not s for s in self.saved])
+    # By construction no recomputed residual reads the carry.
     self.recompute_inputs = used[n_c:]
-    self.saved_avals = [v.aval for v in first_of]
 
 
-def _dce(closed, used_outputs, keep_inputs=False):
-  jaxpr, used_inputs = _pe.dce_jaxpr(closed.jaxpr, used_outputs,
-                                     instantiate=keep_inputs)
-  return _core.ClosedJaxpr(jaxpr, closed.consts), used_inputs
+def _slice(closed, used_outputs):
+  """``(closed jaxpr of the used outputs, used inputs)``: only the equations
+  those outputs need, by data dependence. Unlike JAX's ``dce_jaxpr`` it
+  drops effects the outputs do not need (a ``jax.debug.print`` of the carry
+  is not run again, nor made to read the carry, to recompute a weight)."""
+  jaxpr = closed.jaxpr
+  outvars = [v for v, u in zip(jaxpr.outvars, used_outputs) if u]
+  need = {v for v in outvars if not isinstance(v, _Literal)}
+  eqns = []
+  for eqn in reversed(jaxpr.eqns):
+    if any(v in need for v in eqn.outvars):
+      eqns.append(eqn)
+      need.update(v for v in eqn.invars if not isinstance(v, _Literal))
+  eqns.reverse()
+  used_inputs = [v in need for v in jaxpr.invars]
+  effects = set().union(*(e.effects for e in eqns))
+  new = jaxpr.replace(eqns=eqns, outvars=outvars, effects=effects,
+                      invars=[v for v, u in zip(jaxpr.invars, used_inputs) if u])
+  return _core.ClosedJaxpr(new, closed.consts), used_inputs
 
 
 def saved_residual_avals(body: Callable[[Any, Any, Any], Any], carry: Any,
-                         diff: Any, const: Any) -> list[jax.ShapeDtypeStruct]:
-  """Shapes and dtypes of what ``inplace_scan(..., remat=False)`` saves per
-  layer (the forward stacks n of each): for checking that no weight-sized
-  array is among them. Arguments as :func:`inplace_scan`'s."""
-  first = lambda a: a[0]  # noqa: E731
-  d0, k0 = jax.tree.map(first, diff), jax.tree.map(first, const)
-  converted, consts = jax.closure_convert(body, carry, d0, k0)
-  plan = _ResidualPlan(converted, carry, d0, k0, tuple(consts))
+                         diff: Any, const: Any, *, remat: bool = False
+                         ) -> list[jax.ShapeDtypeStruct]:
+  """Shapes and dtypes of what ``inplace_scan(body, carry, diff, const,
+  remat=remat)`` saves per layer (its forward loop stacks n of each), e.g.
+  to check that no weight-sized array is among them. Arguments as
+  :func:`inplace_scan`'s; nothing is computed (the body is traced)."""
+  plan, _ = _plan(body, carry, diff, const, remat)
   return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in plan.saved_avals]
 
 
 def _forward(plan, carry, diff, const, consts, save: bool):
-  """The forward loop; with ``save``, also the stacked saved residuals."""
-  fwd = _core.jaxpr_as_fun(plan.fwd)
+  """The forward loop; with ``save``, also the stacked saved residuals.
+  (The residuals recomputed in the backward are outputs of the traced layer
+  too; unused here, XLA drops them.)"""
+  fwd = _core.jaxpr_as_fun(plan.jaxpr)
 
   def step(c, xs):
     out = fwd(*jax.tree.leaves((c, *xs, consts)))
     new = jax.tree.unflatten(jax.tree.structure(c), out[:plan.n_out])
-    return new, (out[plan.n_out:] if save else None)
+    res = [r for r, s in zip(out[plan.n_out:], plan.saved) if s]
+    return new, (res if save else None)
   return lax.scan(step, carry, (diff, const))
 
 
@@ -290,7 +318,7 @@ def _scan_fwd(plan, carry, diff, const, consts):
 def _scan_bwd(plan, res, g):
   saved, diff, const, consts = res
   n = jax.tree.leaves((diff, const))[0].shape[0]
-  float_consts = [_is_float(a) for a in consts]
+  float_consts = plan.float_consts
   recompute = _core.jaxpr_as_fun(plan.recompute)
 
   def step(j, state):
@@ -301,8 +329,8 @@ def _scan_bwd(plan, res, g):
     k_i = jax.tree.map(take, const)
     inputs = jax.tree.leaves((d_i, k_i, consts))
     again = iter(recompute(*[a for a, u in zip(inputs, plan.recompute_inputs) if u]))
-    kept = [take(a) for a in saved]
-    leaves = [kept[k] if k is not None else next(again) for k in plan.slot]
+    kept = iter([take(a) for a in saved])
+    leaves = [next(kept) if s else next(again) for s in plan.saved]
     _, vjp = jax.tree.unflatten(plan.out_tree, [None] * plan.n_out + leaves)
     g_c, g_d, g_fl = vjp(g)
     acc = jax.tree.map(

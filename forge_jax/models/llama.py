@@ -114,7 +114,8 @@ class LlamaConfig:
       step the scanned blocks' kernels and moments are updated in place
       (``forge_jax._src.inplace_scan``: with ``remat`` each block is
       rematerialized in the backward pass; without, the forward saves its
-      activation residuals, as ``nn.scan`` does), so scanning costs no
+      matmul and attention outputs and the backward recomputes the
+      elementwise rest, ``fj.recompute_elementwise``), so scanning costs no
       second stack of them.
     tensor_parallel_axis: Mesh axis name for Megatron-style tensor
       parallelism of the fused projections: q/k/v and gate/up split by
@@ -691,7 +692,9 @@ class Llama(nn.Module):
     if not cfg.remat:
       # Save the matmul (and attention) outputs, recompute the elementwise
       # rest in the backward: a third of the residuals of saving everything.
-      body = jax.checkpoint(body, policy=recompute_elementwise)
+      # prevent_cse=False: no optimization_barrier over the recomputation's
+      # operands (slices of the stacks among them), as inplace_scan's remat.
+      body = jax.checkpoint(body, policy=recompute_elementwise, prevent_cse=False)
     return inplace_scan(body, x, diff, const, remat=cfg.remat)
 
 

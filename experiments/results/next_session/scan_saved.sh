@@ -7,7 +7,8 @@
 # (carry devrun; env.sh as ../h200_2026-12-03j/env.sh). What to check in each row: temp
 # (the 8B saved residuals should add about 1.5-2.5 GiB at T=512 over scan+remat's 0.39,
 # traced on the CPU with XLA attention: experiments/scan_residuals; a temp near a stack of
-# weights, ~14 GiB, would mean XLA copied a stack), step_lowerings 1, and the losses of the
+# weights, ~14 GiB, would mean XLA copied a stack in the backward loop, as jax 0.11.2's CPU
+# compile does; jax.checkpoint's prevent_cse barrier avoided that on the CPU), step_lowerings 1, and the losses of the
 # scan and scan+remat rows alike (same init and batch).
 # Call 1 (T=512): the fused scan and scan+remat rows, optax's scan and unrolled rows.
 source devrun/env.sh
