@@ -301,7 +301,6 @@ def test_compiler_option_sets_reach_the_variant_processes(tmp_path):
                        "--compiler-options", "", "--compiler-options", "a=1"])
 
 
-
 def test_a_fused_scan_row_saves_residuals_and_scan_remat_recomputes():
   # Since stop 43 a fused 'scan' row's backward (inplace_scan) reads the
   # residuals its forward saved; 'scan+remat' recomputes each block. Same

@@ -86,7 +86,9 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
     the buffer that held ``diff`` (in place when ``diff`` is not used again).
     With ``remat`` the forward saves only each layer's input carry (n copies,
     as ``jax.checkpoint`` per layer does); without, n copies of a layer's
-    carry-dependent residuals (:func:`saved_residual_avals` lists them).
+    carry-dependent residuals (``forge_jax._src.inplace_scan.
+    saved_residual_avals`` lists them; ``python -m experiments.scan_residuals``
+    for the Llama presets).
 
   ``body`` may close over arrays (``jax.closure_convert``): a closed-over
   value that is differentiated (e.g. a scale shared by every layer) gets
