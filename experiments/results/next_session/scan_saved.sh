@@ -16,6 +16,13 @@ M="python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --lo
 PYTHONPATH=. timeout 560 $M --tokens 512 --layouts scan,scan+remat,unrolled --optimizers forge-bf16,optax --out $OUT/t512 > $OUT/t512.log 2>&1; echo "rc=$?" >> $OUT/t512.log
 kill $SMI
 grep -h "^| llama\|rc=\|WARNING" $OUT/*.log | cut -c1-330
+# If call 1's fused scan row shows stack copies (temp several GiB above scan+remat's plus the
+# residuals), rerun that row with order_writes.patch applied to the device's copy of the tree
+# (git apply experiments/results/next_session/order_writes.patch): a barrier over each layer's
+# backward outputs (not over slices of the stacks), which made jax 0.11.2's CPU compile copy
+# nothing (4-block test model, temp in bytes: scan+remat 7,270,352 -> 2,276,304, scan
+# 8,366,416 -> 2,477,136; jax 0.10.2's unchanged: 5,646,480 and 5,859,664); on the GPU it
+# may hold a layer's new weights and moments until the layer's backward ends (1.3 GB at 8B).
 # Call 2 (T=2048, and int8 moments at T=512), a new call:
 # source devrun/env.sh; M=... as above
 # PYTHONPATH=. timeout 280 $M --tokens 2048 --layouts scan,unrolled --optimizers forge-bf16,optax --out $OUT/t2048 > $OUT/t2048.log 2>&1
