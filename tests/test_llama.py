@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.extend.core import jaxprs_in_params
 
 from conftest import dots_per_loop
 
@@ -259,16 +260,6 @@ def test_only_unstacked_fused_layers_update_in_place(tiny, in_place_requests):
   assert not dense_lib.update_in_place(ctx, ("c",))
 
 
-def _sub_jaxprs(params):
-  """The jaxprs among an equation's params (a scan's, a while's body and
-  condition, a pjit's, a custom_vjp's, ...)."""
-  for p in params.values():
-    for q in (p if isinstance(p, (tuple, list)) else (p,)):
-      q = getattr(q, "jaxpr", q)
-      if hasattr(q, "eqns") and hasattr(q, "invars"):
-        yield q
-
-
 def _matmul_barriers(closed_jaxpr) -> tuple[int, int]:
   """(outside loops, inside loop bodies): optimization_barriers with a 2-D
   operand (a kernel) and an operand of higher rank (the layer's input), as
@@ -282,7 +273,7 @@ def _matmul_barriers(closed_jaxpr) -> tuple[int, int]:
         if 2 in ranks and max(ranks) > 2:
           counts[in_loop] += 1
       loop = in_loop or eqn.primitive.name in ("scan", "while")
-      for sub in _sub_jaxprs(eqn.params):
+      for sub in jaxprs_in_params(eqn.params):
         walk(sub, loop)
   walk(closed_jaxpr.jaxpr, False)
   return tuple(counts)
@@ -379,7 +370,7 @@ def _ordering_barriers(closed_jaxpr, batch_leaves: int) -> int:
         assert not taken, f"new kernel taken from the ordering barrier: {eqn}"
         outs = ins
       else:
-        for sub in _sub_jaxprs(eqn.params):
+        for sub in jaxprs_in_params(eqn.params):
           found += walk(sub, ins if len(sub.invars) == len(ins) else [any(ins)] * len(sub.invars))
         outs = [any(ins)] * len(eqn.outvars)
       deps.update(zip(eqn.outvars, outs))

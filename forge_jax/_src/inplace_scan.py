@@ -123,7 +123,7 @@ def inplace_scan(body: Callable[[Any, Any, Any], Any], carry: Any, diff: Any,
       raise ValueError(f"inplace_scan: diff leaves must be floating, got "
                        f"{jnp.result_type(a)}; pass it in const")
   for a in jax.tree.leaves(const):
-    if jnp.issubdtype(jnp.result_type(a), jnp.inexact):
+    if _is_float(a):
       raise ValueError(
           f"inplace_scan: const leaves get no gradient, so they may not be "
           f"floating (got {jnp.result_type(a)}); pass it in diff")
@@ -205,13 +205,9 @@ def recompute_elementwise(prim, *avals, **params) -> bool:
   return prim.name not in _ELEMENTWISE
 
 
-def _float_mask(consts) -> list[bool]:
-  return [_is_float(a) for a in consts]
-
-
-def _layer_vjp(body, c, d, k, consts):
-  """``jax.vjp`` of one layer in (carry, diff, floating closed-over values)."""
-  float_consts = _float_mask(consts)
+def _layer_vjp(body, c, d, k, consts, float_consts):
+  """``jax.vjp`` of one layer in (carry, diff, floating closed-over values:
+  those where ``float_consts`` is True)."""
   fl = [a for a, f in zip(consts, float_consts) if f]
 
   def layer(c, d, fl):
@@ -241,10 +237,11 @@ class _ResidualPlan:
     avals = lambda t: jax.tree.map(  # noqa: E731
         lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), t)
     args = (avals(carry), avals(d0), avals(k0), avals(consts))
+    self.float_consts = [_is_float(a) for a in consts]
     self.jaxpr, shapes = jax.make_jaxpr(
-        lambda c, d, k, cs: _layer_vjp(body, c, d, k, cs), return_shape=True)(*args)
+        lambda c, d, k, cs: _layer_vjp(body, c, d, k, cs, self.float_consts),
+        return_shape=True)(*args)
     self.out_tree = jax.tree.structure(shapes)
-    self.float_consts = _float_mask(consts)
     jaxpr = self.jaxpr.jaxpr
     n_c = len(jax.tree.leaves(args[0]))
     self.n_out = len(jax.tree.leaves(shapes[0]))
