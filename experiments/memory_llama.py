@@ -285,7 +285,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             logits_dtype: str = "float32", implementation: str = "auto",
             embedding: str = "fused", profile: bool = False,
             layers: int = 0, movement: bool = False,
-            pipelined: int = 4, compiler_options: str = "") -> dict:
+            pipelined: int = 4, compiler_options: str = "",
+            compile_first: bool = False) -> dict:
   """Builds, compiles and runs one variant here; returns its measurements.
 
   ``layers`` > 0 builds the preset with that many blocks (every width, the
@@ -320,12 +321,33 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   keeps them as given (``compiler_options``) and as passed to XLA
   (``xla_options``, with 'scan' expanded: its meaning changed in stop 37,
   from three options to one).
+
+  ``peak_bytes_in_use`` is the process's high-water mark, so ``peak_bytes``
+  also holds whatever compiling the step allocated on the device (XLA's
+  GPU autotuner times candidate kernels on buffers of its own);
+  ``compile_peak_bytes`` is the peak right after the compile, before the
+  first step. By default the state is made first and the step compiled on
+  it, as ``jax.jit`` compiles a training loop's step at its first call, so
+  both peaks include the arguments. ``compile_first`` lowers and compiles
+  the step on the state's shapes (``jax.eval_shape``) before the state is
+  made: ``compile_peak_bytes`` is then the compile's own (and the batch's),
+  ``init_peak_bytes`` the larger of it and initialization's, and
+  ``peak_bytes`` includes the compile's only where it exceeds the steps'.
+  One device only. The phases' seconds then run lower, compile, init (the
+  imports in the first).
+
+  Raises:
+    ValueError: for ``pipelined`` not an int >= 0, or ``compile_first``
+      with ``tp`` > 1 (a sharded state's shardings exist only with it).
   """
   if not isinstance(pipelined, int) or pipelined < 0:
     raise ValueError(f"pipelined={pipelined!r} must be an int >= 0 (0: no "
                      "pipelined steps)")
+  if compile_first and tp > 1:
+    raise ValueError("compile_first=True needs tp=1: a sharded state's "
+                     "shardings exist only once it is made")
   xla_options = parse_compiler_options(compiler_options)
-  t_phase = time.perf_counter()  # "init" counts the imports below too
+  t_phase = time.perf_counter()  # the first phase counts the imports below
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np
   import optax
@@ -356,26 +378,27 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
 
   init_key = jax.random.key(0)
   init_how = {"init": "direct"}  # unrolled: from the scanned twin if it can
-  if mesh is not None:  # straight into the shards: no whole copy on a device
-    shapes = jax.eval_shape(model.init, init_key, batch[0])
-    variables = jax.jit(model.init, out_shardings=jax.tree.map(
-        lambda s: jax.sharding.NamedSharding(mesh, s),
-        llama.tensor_parallel_specs(shapes, "model", tp)))(init_key, batch[0])
-  elif not cfg.scan_layers:
-    variables = _unrolled_init(model, init_key, batch[0], how=init_how)
-  else:
-    variables = jax.jit(model.init)(init_key, batch[0])
-  state = fj.TrainState.create(apply_fn=model.apply, variables=variables, tx=tx)
-  del variables
-  jax.block_until_ready(state)
-  phase("init")
+
+  def make_state():
+    if mesh is not None:  # straight into the shards: no whole copy on a device
+      shapes = jax.eval_shape(model.init, init_key, batch[0])
+      variables = jax.jit(model.init, out_shardings=jax.tree.map(
+          lambda s: jax.sharding.NamedSharding(mesh, s),
+          llama.tensor_parallel_specs(shapes, "model", tp)))(init_key, batch[0])
+    elif not cfg.scan_layers:
+      variables = _unrolled_init(model, init_key, batch[0], how=init_how)
+    else:
+      variables = jax.jit(model.init)(init_key, batch[0])
+    state = fj.TrainState.create(apply_fn=model.apply, variables=variables,
+                                 tx=tx)
+    del variables
+    jax.block_until_ready(state)
+    return state
 
   def peak_bytes():  # the largest device's peak so far (None off the GPU)
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
              for d in jax.devices()[:tp]]
     return None if None in peaks else max(peaks)
-
-  init_peak = peak_bytes()  # initialization's, before any step
 
   def loss_fn(v, b):
     return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
@@ -390,22 +413,40 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
       return state.replace(step=state.step + 1,
                            params=optax.apply_updates(state.params, updates),
                            opt_state=opt_state), {"loss": loss}
-    lowered = step.lower(state, batch)
   else:
     step = fj.make_train_step(loss_fn, check_backward=False,
                               implementation=implementation,
                               compiler_options=xla_options)
+
+  def compile_step(state):
+    """``state``: the TrainState, or its shapes (compile_first)."""
     with in_mesh():
       lowered = step.lower(state, batch)
-  phase("lower")
-  # The steps below call this executable: the one whose memory_analysis the
-  # row reports. Calling `step` instead lowered and compiled it again at its
-  # first call wherever the state mixed committed and uncommitted arrays
-  # (stop 42, on the CPU: the unrolled init and the tensor-parallel rows;
-  # presumably why stop 41's 8B int8 unrolled row ran out of time in its
-  # steps on the H200, 42 s after a 44 s compile).
-  compiled = lowered.compile()
-  phase("compile")
+    phase("lower")
+    # The steps below call this executable: the one whose memory_analysis
+    # the row reports. Calling `step` instead lowered and compiled it again
+    # at its first call wherever the state mixed committed and uncommitted
+    # arrays (stop 42, on the CPU: the unrolled init and the
+    # tensor-parallel rows; presumably why stop 41's 8B int8 unrolled row
+    # ran out of time in its steps on the H200, 42 s after a 44 s compile).
+    compiled = lowered.compile()
+    phase("compile")
+    return compiled
+
+  if compile_first:  # nothing of the state on the device while XLA compiles
+    compiled = compile_step(jax.eval_shape(lambda: fj.TrainState.create(
+        apply_fn=model.apply, variables=model.init(init_key, batch[0]),
+        tx=tx)))
+    compile_peak = peak_bytes()  # the compile's own (and the batch's)
+    state = make_state()
+    phase("init")
+    init_peak = peak_bytes()  # the larger of the compile's and the init's
+  else:
+    state = make_state()
+    phase("init")
+    init_peak = peak_bytes()  # initialization's, before any step
+    compiled = compile_step(state)
+    compile_peak = peak_bytes()  # the state's plus what the compile took
   ma = compiled.memory_analysis()
   hlo = profile_summary.hlo_summary(compiled.as_text() or "")
   analysis = {k: int(getattr(ma, k, 0) or 0) for k in (
@@ -482,6 +523,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               compile_s=phases["compile"], init_s=phases["init"],
               lower_s=phases["lower"],
               init_peak_bytes=init_peak,
+              compile_peak_bytes=compile_peak, compile_first=compile_first,
               step_lowerings=lowerings,
               device=jax.devices()[0].device_kind, jax=jax.__version__,
               **extra)
@@ -673,13 +715,14 @@ def print_table(rows: list[dict]) -> None:
   print(f"\n{', '.join(models)}: batch 1 × T tokens, bf16 params and compute")
   print("| model | TP | T | optimizer | layout | args GiB | temp GiB | alias GiB | live peak GiB | "
         "params GiB | opt state GiB | peak - args GiB | init peak GiB | "
-        "step ms | step ms, pipelined | tokens/s | init / lower / compile s |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "compile peak GiB | step ms | step ms, pipelined | tokens/s | "
+        "init / lower / compile s |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     layout = _layout_label(r)
     if "error" in r:
       print(f"| {_model_label(r)} | {r.get('tp', 1)} | {r['tokens']} | {r['optimizer']} | "
-            f"{layout} | {r['error']} | | | | | | | | | | | |")
+            f"{layout} | {r['error']} | | | | | | | | | | | | |")
       continue
     g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
     # What the peak holds besides the step's arguments (this device's
@@ -692,7 +735,7 @@ def print_table(rows: list[dict]) -> None:
           f"{g('argument_size_in_bytes')} | {g('temp_size_in_bytes')} | "
           f"{g('alias_size_in_bytes')} | {g('peak_bytes')} | {g('param_bytes')} | "
           f"{g('optimizer_state_bytes')} | {rest} | {g('init_peak_bytes')} | "
-          f"{r['step_s'] * 1e3:.1f} | {pipe} | "
+          f"{g('compile_peak_bytes')} | {r['step_s'] * 1e3:.1f} | {pipe} | "
           f"{r['tokens_per_s']:,.0f} | {_phase_seconds(r)} |")
 
 
@@ -769,6 +812,11 @@ def main(argv=None):
                  "'xla_gpu_enable_command_buffer=', or 'scan' for "
                  "fj.SCAN_GPU_COMPILER_OPTIONS; repeat the flag to run "
                  "every variant under each set ('' for XLA's defaults)")
+  p.add_argument("--compile-first", action="store_true",
+                 help="lower and compile each step on the state's shapes "
+                 "before the state is made (one GPU only): the live peak is "
+                 "then the steps', without what XLA's compile allocated "
+                 "(its autotuner's buffers), which 'compile peak' reports")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results",
                  help="directory for the JSON and peak reports")
@@ -788,6 +836,9 @@ def main(argv=None):
         option_sets[i] = ""  # e.g. ' , ': XLA's defaults, labelled so
     except ValueError as e:
       p.error(f"--compiler-options: {e}")
+  if a.compile_first and a.tp > 1:
+    p.error("--compile-first needs --tp 1 (a sharded state's shardings are "
+            "known only once it exists)")
   if a.one and len(option_sets) > 1:
     p.error("--one runs one variant: give --compiler-options once")
   if a.table_from:
@@ -804,7 +855,8 @@ def main(argv=None):
                                          a.tp, a.attention, a.logits_dtype,
                                          a.implementation, a.embedding,
                                          a.profile, a.layers, a.movement,
-                                         a.pipelined, option_sets[0])))
+                                         a.pipelined, option_sets[0],
+                                         a.compile_first)))
     return None
   rows = []
   stamp = int(time.time())  # names this run's files
@@ -821,13 +873,15 @@ def main(argv=None):
            "--layers", str(a.layers), "--pipelined", str(a.pipelined),
            "--compiler-options", options,
            *(["--movement"] if a.movement else []),
+           *(["--compile-first"] if a.compile_first else []),
            "--one", f"{t}:{opt}:{layout}"] + (["--profile"] if a.profile else [])
     variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
                    **({"n_layers": a.layers} if a.layers else {}),
                    tp=a.tp, attention=a.attention,
                    logits_dtype=a.logits_dtype,
                    implementation=None if opt == "optax" else a.implementation,
-                   **({"compiler_options": options} if options else {}))
+                   **({"compiler_options": options} if options else {}),
+                   **({"compile_first": True} if a.compile_first else {}))
     env = child_env()
     dump = None
     if a.peak_report:
