@@ -11,7 +11,9 @@
 #    presumably compiling the step a second time there: stop 42 found that the jitted step's
 #    first call re-lowered it in unrolled and TP rows, and memory_llama now runs the executable
 #    it compiled; each row's step_lowerings should read 1).
-# Stops 42 and 43 (2026-12-04): no device machine was lent; this plan was not run.
+# Stops 42, 43 and 44 (2026-12-04/05): no device machine was lent; this plan was not run.
+# Stop 44: the memory_llama row compiles its step before making its state (--compile-first), so
+# its live peak is the steps' own (docs/results.md, "Stop 44").
 source devrun/env.sh
 timeout 150 python -m pytest -q -x tests/test_fused_mosaic.py -k "overlap" > $OUT/pytest.log 2>&1; echo "rc=$?" >> $OUT/pytest.log
 tail -3 $OUT/pytest.log
@@ -21,7 +23,7 @@ grep -iE "C7514|used [0-9]+ registers|spill stores|ms err" $OUT/ptxas.log | sort
 PYTHONPATH=. timeout 300 python -m experiments.probe_mosaic --shapes 512:4096x14336,512:14336x4096,512:4096x4096,2048:4096x14336 --modes bf16-sr --no-triton \
   --configs m128n128t64s3noT,OV_m64n128s2e32noT,OV_m64n128s2e16noT,OV_m64n64s3e32noT,OV_m64n128s3e32noT,OV_m128n128s3e32noT,OV_m128n128s4e32noT > $OUT/probe_ov.log 2>&1; echo "rc=$?" >> $OUT/probe_ov.log
 grep -E "ms err|baseline|^##|rc=" $OUT/probe_ov.log | sed 's/ (compile.*//'
-M="python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --steps 5 --pipelined 3 --tokens 512 --compiler-options xla_gpu_enable_triton_gemm=false --implementation auto"
+M="python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --steps 5 --pipelined 3 --tokens 512 --compiler-options xla_gpu_enable_triton_gemm=false --implementation auto --compile-first"
 PYTHONPATH=. timeout 290 $M --timeout 280 --layouts unrolled --optimizers forge-int8 --out $OUT/int8 > $OUT/t512_int8.log 2>&1; echo "rc=$?" >> $OUT/t512_int8.log
 kill $SMI
 grep -h "^| llama\|rc=" $OUT/*.log | cut -c1-330
