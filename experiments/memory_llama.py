@@ -323,18 +323,19 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   from three options to one).
 
   ``peak_bytes_in_use`` is the process's high-water mark, so ``peak_bytes``
-  also holds whatever compiling the step allocated on the device (XLA's
-  GPU autotuner times candidate kernels on buffers of its own);
-  ``compile_peak_bytes`` is the peak right after the compile, before the
-  first step. By default the state is made first and the step compiled on
-  it, as ``jax.jit`` compiles a training loop's step at its first call, so
-  both peaks include the arguments. ``compile_first`` lowers and compiles
-  the step on the state's shapes (``jax.eval_shape``) before the state is
-  made: ``compile_peak_bytes`` is then the compile's own (and the batch's),
-  ``init_peak_bytes`` the larger of it and initialization's, and
-  ``peak_bytes`` includes the compile's only where it exceeds the steps'.
-  One device only. The phases' seconds then run lower, compile, init (the
-  imports in the first).
+  also holds whatever compiling the step allocated on the device
+  (presumably XLA's GPU autotuner, which times candidate kernels on buffers
+  of its own; stop 44); ``compile_peak_bytes`` is the peak right after the
+  compile, before the first step. By default the state is made first and
+  the step compiled on it, as ``jax.jit`` compiles a training loop's step
+  at its first call, so both peaks include the arguments. ``compile_first``
+  lowers and compiles the step on the state's shapes (``jax.eval_shape``)
+  before the state is made: ``compile_peak_bytes`` is then the compile's
+  own (and the batch's), ``init_peak_bytes`` the larger of it and
+  initialization's, and ``peak_bytes`` the largest of those and the
+  steps'. One device only. The phases' seconds then run setup (the imports,
+  the model and the abstract state), lower, compile, init; by default
+  init (with the imports), lower, compile.
 
   Raises:
     ValueError: for ``pipelined`` not an int >= 0, or ``compile_first``
@@ -379,6 +380,10 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   init_key = jax.random.key(0)
   init_how = {"init": "direct"}  # unrolled: from the scanned twin if it can
 
+  def create_state(variables):
+    return fj.TrainState.create(apply_fn=model.apply, variables=variables,
+                                tx=tx)
+
   def make_state():
     if mesh is not None:  # straight into the shards: no whole copy on a device
       shapes = jax.eval_shape(model.init, init_key, batch[0])
@@ -389,8 +394,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
       variables = _unrolled_init(model, init_key, batch[0], how=init_how)
     else:
       variables = jax.jit(model.init)(init_key, batch[0])
-    state = fj.TrainState.create(apply_fn=model.apply, variables=variables,
-                                 tx=tx)
+    state = create_state(variables)
     del variables
     jax.block_until_ready(state)
     return state
@@ -434,9 +438,10 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     return compiled
 
   if compile_first:  # nothing of the state on the device while XLA compiles
-    compiled = compile_step(jax.eval_shape(lambda: fj.TrainState.create(
-        apply_fn=model.apply, variables=model.init(init_key, batch[0]),
-        tx=tx)))
+    shapes = jax.eval_shape(
+        lambda: create_state(model.init(init_key, batch[0])))
+    phase("setup")
+    compiled = compile_step(shapes)
     compile_peak = peak_bytes()  # the compile's own (and the batch's)
     state = make_state()
     phase("init")
@@ -521,7 +526,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
               peak_bytes=peak, step_s=median,
               tokens_per_s=tokens / median, loss=loss, losses=losses,
               compile_s=phases["compile"], init_s=phases["init"],
-              lower_s=phases["lower"],
+              lower_s=phases["lower"], setup_s=phases.get("setup"),
               init_peak_bytes=init_peak,
               compile_peak_bytes=compile_peak, compile_first=compile_first,
               step_lowerings=lowerings,
@@ -702,6 +707,8 @@ def _layout_label(row: dict) -> str:
     label += ", ForgeEmbed"
   if row.get("compiler_options"):  # since stop 32
     label += f", XLA {row['compiler_options']}"
+  if row.get("compile_first"):  # since stop 44: 'compile peak' is its own
+    label += ", compiled before the state"
   return label
 
 
@@ -814,9 +821,11 @@ def main(argv=None):
                  "every variant under each set ('' for XLA's defaults)")
   p.add_argument("--compile-first", action="store_true",
                  help="lower and compile each step on the state's shapes "
-                 "before the state is made (one GPU only): the live peak is "
-                 "then the steps', without what XLA's compile allocated "
-                 "(its autotuner's buffers), which 'compile peak' reports")
+                 "before the state is made (one GPU only), so that what "
+                 "XLA's compile allocates (presumably its autotuner's "
+                 "buffers) is not held beside the state: 'compile peak' is "
+                 "then the compile's own, and the live peak the largest of "
+                 "the compile's, the init's and the steps'")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results",
                  help="directory for the JSON and peak reports")
@@ -881,7 +890,7 @@ def main(argv=None):
                    logits_dtype=a.logits_dtype,
                    implementation=None if opt == "optax" else a.implementation,
                    **({"compiler_options": options} if options else {}),
-                   **({"compile_first": True} if a.compile_first else {}))
+                   compile_first=a.compile_first)
     env = child_env()
     dump = None
     if a.peak_report:

@@ -1,22 +1,30 @@
-"""What a ``memory_llama`` row's live peak holds beyond its step.
+"""What set a ``memory_llama`` row's live peak: the step, or something else.
 
 A row's ``peak_bytes`` is the process's ``peak_bytes_in_use`` high-water
 mark after its steps. If the step set it, the peak is the step's arguments
 plus at most its temp (``memory_analysis()``). This reads rows (their JSON
-files, or a folder searched for ``memory_*.json``) and, per model, T and
-optimizer family ('optax' or 'forge'), splits them three ways:
+files, or folders searched for ``memory_*.json``) and, per model, T,
+optimizer family ('optax' or 'forge') and compile order, sorts each row by
+what set its peak (1 MiB of slack throughout):
 
-- ``peak <= args + temp``: the step's own peak (up to 1 MiB);
-- above it, and initialization's peak (``init_peak_bytes``) as high: set by
-  the init (rows before stop 24's unrolled init);
-- above it otherwise: set by something outside the step's buffers.
+- 'step': peak <= arguments + temp;
+- 'init': above that, and the peak after initialization
+  (``init_peak_bytes``) as high (stop 25's unrolled init, since fixed);
+- 'compile': above that, and the peak right after the compile
+  (``compile_peak_bytes``, rows since stop 44) as high;
+- 'outside': above that, and neither recorded as high.
 
-For the last group it prints the distinct values of peak − args with their
-counts and the temps under them: the same value whatever the temp is a
-floor the step did not set. Beside it, the bytes of the head's forward
-matmul that an autotuner timing it would hold (``x`` T × D, the kernel
-D × V, and two T × V outputs in the logits' dtype, bf16 unless the row
-says float32), and what the floor holds beyond those.
+For the rows not set by the step it prints the values of peak − arguments,
+those within 2 MiB of each other counted together (their range, how many,
+the temps under them), and beside them the bytes of the head's largest
+matmul that XLA runs in that step, which an autotuner timing it would hold:
+operands and two outputs (one to check the others against). The fused step
+runs the head's forward (x T × D, kernel D × V, out T × V) and its dx
+(dy T × V, kernel, out T × D) in XLA; optax's step its dW too (x, dy, out
+D × V). The logits and dy in the row's logits dtype (bf16 unless it
+records float32), the rest bf16. A value the same whatever the temp is a
+floor the step did not set; this matches sizes, it does not observe the
+autotuner.
 
 Usage::
 
@@ -32,34 +40,45 @@ import collections
 import glob
 import json
 import os
+import sys
 
 GiB = 2**30
 MiB = 2**20
+SLACK = MiB
 
 
-def read_rows(paths) -> list[dict]:
-  """``memory_llama`` rows from JSON files, or folders searched for them."""
+def read_rows(paths) -> tuple[list[dict], list[str]]:
+  """``(rows, unreadable)``: the single-device rows with a live peak in the
+  JSON files ``paths`` (folders are searched for ``memory_*.json``), and the
+  files that are not JSON (e.g. cut by a time limit).
+
+  Raises:
+    FileNotFoundError: for a path that does not exist.
+  """
   files = []
   for p in paths:
+    if not os.path.exists(p):
+      raise FileNotFoundError(f"no such file or folder: {p}")
     files += (sorted(glob.glob(os.path.join(p, "**", "memory_*.json"),
                                recursive=True)) if os.path.isdir(p) else [p])
-  rows = []
+  rows, unreadable = [], []
   for f in files:
     with open(f) as fh:
       try:
         data = json.load(fh)
       except json.JSONDecodeError:
-        continue  # a file cut by a time limit
+        unreadable.append(f)
+        continue
     for r in data if isinstance(data, list) else [data]:
       if (isinstance(r, dict) and r.get("peak_bytes") is not None
           and "temp_size_in_bytes" in r and r.get("tp", 1) == 1):
         rows.append(r)
-  return rows
+  return rows, unreadable
 
 
 def head_matmul_bytes(row: dict) -> int | None:
-  """Bytes of the head's forward matmul's operands and two outputs, or None
-  for a model preset this does not know."""
+  """Bytes of the largest of the head's XLA matmuls in ``row``'s step (see
+  the module's docstring), or None for a preset this does not know."""
   from forge_jax.models import llama  # pylint: disable=g-import-not-at-top
   try:
     cfg = llama.get_config(row["model"])
@@ -67,67 +86,88 @@ def head_matmul_bytes(row: dict) -> int | None:
     return None
   t, d, v = row["tokens"], cfg.d_model, cfg.vocab_size
   logits = 4 if row.get("logits_dtype") == "float32" else 2
-  return t * d * 2 + d * v * 2 + 2 * t * v * logits
+  forward = t * d * 2 + d * v * 2 + 2 * t * v * logits
+  dx = t * v * logits + d * v * 2 + 2 * t * d * 2
+  dw = t * d * 2 + t * v * logits + 2 * d * v * 2
+  return max(forward, dx, *([dw] if row["optimizer"] == "optax" else []))
 
 
 def classify(row: dict) -> str:
-  """'step', 'init' or 'outside' (see the module's docstring)."""
-  args, temp = row["argument_size_in_bytes"], row["temp_size_in_bytes"]
-  over = row["peak_bytes"] - args
-  if over <= temp + MiB:
+  """'step', 'init', 'compile' or 'outside' (see the module's docstring)."""
+  over = row["peak_bytes"] - row["argument_size_in_bytes"]
+  if over <= row["temp_size_in_bytes"] + SLACK:
     return "step"
-  init = row.get("init_peak_bytes")
-  if init is not None and init - args >= over - MiB:
-    return "init"
+  peak = row["peak_bytes"]
+  init, comp = row.get("init_peak_bytes"), row.get("compile_peak_bytes")
+  # In the default order the init comes first; compiled first, the init's
+  # peak includes the compile's.
+  order = ([("compile", comp), ("init", init)] if row.get("compile_first")
+           else [("init", init), ("compile", comp)])
+  for kind, value in order:
+    if value is not None and value >= peak - SLACK:
+      return kind
   return "outside"
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-  """One dict per (model, tokens, family): counts per class and, for the
-  'outside' rows, ``floors``: {peak - args in bytes: (count, min temp,
-  max temp)}, values within 2 MiB of the next smaller one counted with it
-  under the smallest, and ``head_bytes``."""
+  """One dict per (model, tokens, family, compile_first): ``counts`` per
+  class, and ``floors``, one per cluster of the rows not set by the step
+  (their peak − arguments within 2 MiB of the next smaller one): dicts of
+  ``low``, ``high`` (bytes), ``rows``, ``temp_low``, ``temp_high``,
+  ``kinds`` (class counts) and ``head_bytes`` (of the cluster's first
+  row)."""
   groups = collections.defaultdict(list)
   for r in rows:
     family = "optax" if r["optimizer"] == "optax" else "forge"
-    groups[(r["model"], r["tokens"], family)].append(r)
+    groups[(r["model"], r["tokens"], family,
+            bool(r.get("compile_first")))].append(r)
   out = []
-  for (model, tokens, family), rs in sorted(groups.items()):
-    kinds = collections.Counter(classify(r) for r in rs)
-    outside = sorted((r for r in rs if classify(r) == "outside"),
-                     key=lambda r: r["peak_bytes"] - r["argument_size_in_bytes"])
-    floors = {}  # values within 2 MiB of the previous one counted together
-    key = None
-    for r in outside:
-      over, t = r["peak_bytes"] - r["argument_size_in_bytes"], r["temp_size_in_bytes"]
-      if key is None or over - last > 2 * MiB:
-        key = over  # the cluster's smallest value, in bytes
-      last = over
-      n, lo, hi = floors.get(key, (0, float("inf"), 0))
-      floors[key] = (n + 1, min(lo, t), max(hi, t))
+  for (model, tokens, family, first), rs in sorted(groups.items()):
+    kinds = [(classify(r), r) for r in rs]
+    above = sorted(((k, r) for k, r in kinds if k != "step"),
+                   key=lambda kr: kr[1]["peak_bytes"] - kr[1]["argument_size_in_bytes"])
+    floors = []
+    for kind, r in above:
+      over = r["peak_bytes"] - r["argument_size_in_bytes"]
+      temp = r["temp_size_in_bytes"]
+      if not floors or over - floors[-1]["high"] > 2 * MiB:
+        floors.append(dict(low=over, high=over, rows=0, temp_low=temp,
+                           temp_high=temp, kinds=collections.Counter(),
+                           head_bytes=head_matmul_bytes(r)))
+      f = floors[-1]
+      f.update(high=over, rows=f["rows"] + 1, temp_low=min(f["temp_low"], temp),
+               temp_high=max(f["temp_high"], temp))
+      f["kinds"][kind] += 1
     out.append(dict(model=model, tokens=tokens, family=family,
-                    counts=dict(kinds), floors=floors,
-                    head_bytes=head_matmul_bytes(outside[0]) if outside else None))
+                    compile_first=first,
+                    counts=dict(collections.Counter(k for k, _ in kinds)),
+                    floors=floors))
   return out
 
 
 def print_summary(summary: list[dict]) -> None:
-  print("| model | T | optimizer | rows: step's peak / init's / outside the step | "
-        "peak - args outside the step, GiB (rows; their temp GiB) | "
-        "head matmul's x, kernel and 2 outputs, GiB | floor - those, MiB |")
-  print("|---|---|---|---|---|---|---|")
+  print("| model | T | optimizer | compiled | rows: step / init / compile / "
+        "outside | peak − args not set by the step, GiB | rows (what set "
+        "them) | their temp, GiB | largest head matmul's bytes, GiB | "
+        "peak − args − those, MiB |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   for s in summary:
     c = s["counts"]
-    floors = "; ".join(
-        f"{k / GiB:.3f} ({n}; {lo / GiB:.2f}-{hi / GiB:.2f})"
-        for k, (n, lo, hi) in sorted(s["floors"].items(),
-                                     key=lambda kv: -kv[1][0]))
-    head = s["head_bytes"]
-    main = max(s["floors"].items(), key=lambda kv: kv[1][0])[0] if s["floors"] else None
-    print(f"| {s['model']} | {s['tokens']} | {s['family']} | "
-          f"{c.get('step', 0)} / {c.get('init', 0)} / {c.get('outside', 0)} | "
-          f"{floors or '-'} | {'-' if head is None else f'{head / GiB:.3f}'} | "
-          f"{'-' if head is None or main is None else f'{(main - head) / MiB:.1f}'} |")
+    head = (f"| {s['model']} | {s['tokens']} | {s['family']} | "
+            f"{'first' if s['compile_first'] else 'after the init'} | "
+            f"{c.get('step', 0)} / {c.get('init', 0)} / {c.get('compile', 0)}"
+            f" / {c.get('outside', 0)} |")
+    if not s["floors"]:
+      print(head + " - | - | - | - | - |")
+    for f in s["floors"]:
+      h = f["head_bytes"]
+      kinds = ", ".join(f"{n} {k}" for k, n in sorted(f["kinds"].items()))
+      rest = ("-" if h is None else
+              f"{(f['low'] - h) / MiB:.2f}–{(f['high'] - h) / MiB:.2f}")
+      print(f"{head} {f['low'] / GiB:.3f}–{f['high'] / GiB:.3f} | "
+            f"{f['rows']} ({kinds}) | {f['temp_low'] / GiB:.2f}–"
+            f"{f['temp_high'] / GiB:.2f} | "
+            f"{'-' if h is None else f'{h / GiB:.3f}'} | {rest} |")
 
 
 def main(argv=None):
@@ -135,11 +175,18 @@ def main(argv=None):
   p.add_argument("paths", nargs="+", help="memory_llama JSON files or folders")
   p.add_argument("--model", help="only this preset's rows")
   a = p.parse_args(argv)
-  rows = read_rows(a.paths)
+  try:
+    rows, unreadable = read_rows(a.paths)
+  except FileNotFoundError as e:
+    p.error(str(e))
+  if unreadable:
+    print(f"skipped {len(unreadable)} file(s) that are not JSON: "
+          + ", ".join(unreadable), file=sys.stderr)
   if a.model:
     rows = [r for r in rows if r["model"] == a.model]
   if not rows:
-    raise SystemExit(f"no single-device rows with a live peak in {a.paths}")
+    p.error(f"no single-device rows with a live peak in {a.paths}"
+            + (f" for --model {a.model}" if a.model else ""))
   summary = summarize(rows)
   print_summary(summary)
   return summary

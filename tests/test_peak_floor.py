@@ -7,15 +7,15 @@ import pytest
 from experiments import peak_floor
 
 GiB, MiB = 2**30, 2**20
+ARGS = 30 * GiB
 
 
 def row(optimizer, temp, peak_over_args, init_over_args=0, tokens=2048,
         tp=1, **kw):
-  args = 30 * GiB
   return dict(model="llama3.1-8b", tokens=tokens, optimizer=optimizer, tp=tp,
-              argument_size_in_bytes=args, temp_size_in_bytes=temp,
-              peak_bytes=args + peak_over_args,
-              init_peak_bytes=args + init_over_args, **kw)
+              argument_size_in_bytes=ARGS, temp_size_in_bytes=temp,
+              peak_bytes=ARGS + peak_over_args,
+              init_peak_bytes=ARGS + init_over_args, **kw)
 
 
 def test_rows_are_split_by_what_set_their_peak(tmp_path, capsys):
@@ -34,21 +34,72 @@ def test_rows_are_split_by_what_set_their_peak(tmp_path, capsys):
   (tmp_path / "sub" / "memory_a.json").write_text(json.dumps(rows[:4]))
   (tmp_path / "memory_b.json").write_text(json.dumps(rows[4:]))
   (tmp_path / "memory_cut.json").write_text('[{"model"')  # cut by a time limit
-  read = peak_floor.read_rows([str(tmp_path)])
-  assert len(read) == 6
+  read, unreadable = peak_floor.read_rows([str(tmp_path)])
+  assert len(read) == 6 and unreadable == [str(tmp_path / "memory_cut.json")]
   assert [peak_floor.classify(r) for r in rows[:6]] == [
       "step", "step", "outside", "outside", "outside", "init"]
   summary = peak_floor.main([str(tmp_path)])
+  printed = capsys.readouterr()
+  assert "skipped 1 file(s)" in printed.err
   by_family = {s["family"]: s for s in summary}
   assert by_family["optax"]["counts"] == {"step": 1}
+  assert by_family["optax"]["floors"] == []
   forge = by_family["forge"]
   assert forge["counts"] == {"step": 1, "outside": 3, "init": 1}
-  assert forge["floors"] == {floor: (2, GiB, GiB + 512 * MiB),
-                             floor + 700 * MiB: (1, GiB, GiB)}
-  # Llama-3.1-8B's head at T=2048 in bf16: x, the 4096 x 128256 kernel and
-  # two 2048 x 128256 outputs.
-  assert forge["head_bytes"] == (2048 * 4096 + 4096 * 128256
-                                 + 2 * 2048 * 128256) * 2
-  assert "| llama3.1-8b | 2048 | forge | 1 / 1 / 3 |" in capsys.readouterr().out
-  with pytest.raises(SystemExit):
+  assert [(f["low"], f["high"], f["rows"], f["temp_low"], f["temp_high"],
+           dict(f["kinds"])) for f in forge["floors"]] == [
+               (floor, floor + MiB, 2, GiB, GiB + 512 * MiB, {"outside": 2}),
+               (floor + 700 * MiB, floor + 700 * MiB, 1, GiB, GiB,
+                {"outside": 1}),
+               (4 * GiB, 4 * GiB, 1, GiB, GiB, {"init": 1})]
+  # Llama-3.1-8B's head at T=2048 in bf16, fused step: its largest XLA
+  # matmul is the forward (x, the 4096 x 128256 kernel, two 2048 x 128256
+  # outputs).
+  assert forge["floors"][0]["head_bytes"] == (
+      2048 * 4096 + 4096 * 128256 + 2 * 2048 * 128256) * 2
+  assert ("| llama3.1-8b | 2048 | forge | after the init | 1 / 1 / 0 / 3 |"
+          in printed.out)
+  with pytest.raises(SystemExit) as e:
     peak_floor.main([str(tmp_path), "--model", "qwen3-32b"])
+  assert e.value.code == 2 and "--model qwen3-32b" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:
+    peak_floor.main([str(tmp_path / "missing")])
+  assert e.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_floors_chain_in_steps_of_two_mib_and_keep_their_range():
+  rows = [row("forge-bf16", GiB, 2 * GiB + i * 3 * MiB // 2) for i in range(4)]
+  (floor,) = peak_floor.summarize(rows)[0]["floors"]
+  assert (floor["low"], floor["high"], floor["rows"]) == (
+      2 * GiB, 2 * GiB + 9 * MiB // 2, 4)
+
+
+def test_what_set_the_peak_follows_the_compile_order():
+  # Compiled after the init (the default): the init's peak comes first.
+  by_compile = row("forge-bf16", GiB, 2 * GiB, compile_peak_bytes=ARGS + 2 * GiB)
+  assert peak_floor.classify(by_compile) == "compile"
+  no_init = dict(by_compile)
+  del no_init["init_peak_bytes"]  # rows before stop 18
+  assert peak_floor.classify(no_init) == "compile"
+  del no_init["compile_peak_bytes"]
+  assert peak_floor.classify(no_init) == "outside"
+  # Compiled first, the init's peak includes the compile's: the compile is
+  # named when its own peak is as high.
+  first = row("forge-bf16", GiB, 2 * GiB, init_over_args=2 * GiB,
+              compile_peak_bytes=ARGS + 2 * GiB, compile_first=True)
+  assert peak_floor.classify(first) == "compile"
+  assert peak_floor.classify(dict(first, compile_peak_bytes=GiB)) == "init"
+  # A single row in a file of its own, not a list.
+  assert peak_floor.summarize([first])[0]["compile_first"]
+
+
+def test_head_bytes_follow_the_optimizer_and_logits_dtype():
+  t, d, v = 2048, 4096, 128256
+  fused = row("forge-bf16", GiB, 2 * GiB)
+  assert peak_floor.head_matmul_bytes(fused) == (t * d + d * v + 2 * t * v) * 2
+  # optax's step runs the head's dW in XLA too: x, dy and two D x V outputs.
+  assert peak_floor.head_matmul_bytes(dict(fused, optimizer="optax")) == (
+      t * d + t * v + 2 * d * v) * 2
+  assert peak_floor.head_matmul_bytes(dict(fused, logits_dtype="float32")) == (
+      t * d * 2 + d * v * 2 + 2 * t * v * 4)
+  assert peak_floor.head_matmul_bytes(dict(fused, model="no-such-model")) is None

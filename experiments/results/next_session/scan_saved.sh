@@ -10,15 +10,16 @@
 # weights, ~14 GiB, would mean XLA copied a stack in the backward loop, as jax 0.11.2's CPU
 # compile does; jax.checkpoint's prevent_cse barrier avoided that on the CPU), step_lowerings 1, and the losses of the
 # scan and scan+remat rows alike (same init and batch).
-# Since stop 44 every row is compiled before its state is made (--compile-first): every fused
-# row of stops 21-41 had a live peak of exactly the arguments + 1.32 GiB at T=512 and + 2.07 GiB
-# at T=2048 whatever its temp below that (docs/results.md, "Stop 44"), which fits XLA's
-# autotuner timing the head's forward matmul (its weight, input and two T x V outputs, plus
-# 96 MiB) while the state is on the device. Check: each row's "compile peak" (the compile's own
-# now) near those figures, and the forge scan+remat row's live peak near args + temp
-# (44.87 + 0.39 = 45.26 GiB, against 46.19 in stops 38 and 40). If --compile-first fails on the
-# GPU, drop it: the rows then still record compile_peak_bytes (args + the compile's).
-# Call 1 (T=512): the fused scan and scan+remat rows, optax's scan and unrolled rows.
+# Since stop 44 every row is compiled before its state is made (--compile-first): the fused
+# rows of stops 15-40 whose temp was below it peaked at the arguments + 1.32 GiB at T=512 and
+# + 2.07 GiB at T=2048 whatever their temp (docs/results.md, "Stop 44"), which matches the sizes
+# of XLA's autotuner timing the head's forward matmul (its weight, input and two T x V outputs,
+# plus 96 MiB) while the state is on the device: a match of sizes, not yet observed. Check: the
+# fused rows' "compile peak" (the compile's own now) near 1.32 GiB at T=512 (optax's near its
+# head dW matmul's, about 2.18), the forge scan+remat row's live peak near args + temp
+# (44.87 + 0.39 = 45.26 GiB, against 46.19 in stops 38 and 40), and its losses and temp as in
+# stop 40 (the two compiles may autotune differently). If --compile-first fails on the GPU, drop
+# it: the rows then still record compile_peak_bytes (args + the compile's).
 source devrun/env.sh
 M="python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --steps 5 --pipelined 3 --compiler-options xla_gpu_enable_triton_gemm=false --implementation auto --timeout 170 --compile-first"
 PYTHONPATH=. timeout 560 $M --tokens 512 --layouts scan,scan+remat,unrolled --optimizers forge-bf16,optax --out $OUT/t512 > $OUT/t512.log 2>&1; echo "rc=$?" >> $OUT/t512.log
@@ -36,5 +37,8 @@ grep -h "^| llama\|rc=\|WARNING" $OUT/*.log | cut -c1-330
 # PYTHONPATH=. timeout 280 $M --tokens 2048 --layouts scan,unrolled --optimizers forge-bf16,optax --out $OUT/t2048 > $OUT/t2048.log 2>&1
 # PYTHONPATH=. timeout 280 $M --tokens 512 --layouts scan --optimizers forge-int8 --out $OUT/t512_int8 > $OUT/t512_int8.log 2>&1
 # Call 3 if time is left: the issue's int8 rows at T=2048 with the step's own peak (32.92 GiB in
-# stop 38 with the compile's buffers; 30.85 + 1.54 = 32.39 expected without):
+# stop 38, compiled after the init; 30.85 + 1.54 = 32.39 if stop 44's reading holds), then the
+# decisive check of that reading: the fused scan+remat row at T=512 compiled after its init
+# (no --compile-first) without autotuning; its live peak should fall to args + temp (45.26):
 # PYTHONPATH=. timeout 400 $M --tokens 2048 --layouts scan+remat,unrolled+remat --optimizers forge-int8 --out $OUT/t2048_int8 > $OUT/t2048_int8.log 2>&1
+# PYTHONPATH=. timeout 170 python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --steps 5 --pipelined 3 --implementation auto --timeout 160 --compiler-options xla_gpu_enable_triton_gemm=false,xla_gpu_autotune_level=0 --tokens 512 --layouts scan+remat --optimizers forge-bf16 --out $OUT/noautotune > $OUT/noautotune.log 2>&1
