@@ -6,7 +6,10 @@ and compute) and T tokens per step (batch 1), each variant is built, compiled
 and run in its own process (on the GPU; ``cpu-tiny`` runs anywhere, as a
 smoke test, where the live peak is "n/a"), and reports XLA's
 ``memory_analysis()`` (arguments, outputs, aliased, temp), the live
-``peak_bytes_in_use`` after ``--steps`` steps (default 6), the median step
+``peak_bytes_in_use`` after ``--steps`` steps (default 6; the process's
+high-water mark, so it includes what the compile held on the device unless
+``--compile-first`` compiles before the state is made: stop 44), the
+peak right after the compile, the median step
 time of the steps after the first two and tokens/s, and the seconds spent building the
 model and state, lowering the step and compiling it (a variant that runs out
 of ``--timeout`` is reported with the phase it was in):
@@ -733,7 +736,8 @@ def print_table(rows: list[dict]) -> None:
       continue
     g = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a"  # noqa: E731
     # What the peak holds besides the step's arguments (this device's
-    # weights, optimizer state and batch): activations and temporaries.
+    # weights, optimizer state and batch): activations and temporaries, or
+    # what the compile held where that was more (stop 44).
     rest = ("n/a" if r.get("peak_bytes") is None else
             f"{(r['peak_bytes'] - r['argument_size_in_bytes']) / GiB:.2f}")
     pipe = (f"{r['pipelined_step_s'] * 1e3:.1f}" if r.get("pipelined_step_s")
