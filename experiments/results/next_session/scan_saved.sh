@@ -42,3 +42,6 @@ grep -h "^| llama\|rc=\|WARNING" $OUT/*.log | cut -c1-330
 # (no --compile-first) without autotuning; its live peak should fall to args + temp (45.26):
 # PYTHONPATH=. timeout 400 $M --tokens 2048 --layouts scan+remat,unrolled+remat --optimizers forge-int8 --out $OUT/t2048_int8 > $OUT/t2048_int8.log 2>&1
 # PYTHONPATH=. timeout 170 python -m experiments.memory_llama --model llama3.1-8b --attention cudnn --logits-dtype bfloat16 --steps 5 --pipelined 3 --implementation auto --timeout 160 --compiler-options xla_gpu_enable_triton_gemm=false,xla_gpu_autotune_level=0 --tokens 512 --layouts scan+remat --optimizers forge-bf16 --out $OUT/noautotune > $OUT/noautotune.log 2>&1
+# Call 4 if time is left: Qwen3-14B, the middle architecture, last measured on
+# 2026-12-01 (61.81 GiB int8 on the Triton kernel, before the slab update and ForgeEmbed):
+# PYTHONPATH=. timeout 560 $M --model qwen3-14b --tokens 2048 --layouts scan+remat --optimizers forge-int8,optax --timeout 270 --out $OUT/qwen14 > $OUT/qwen14.log 2>&1
