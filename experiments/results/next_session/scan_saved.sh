@@ -1,3 +1,4 @@
+# Ready-to-run versions of calls 1-2 below (stop 44): stop44_call1.sh (T=512 rows + the autotune_level=0 check), stop44_call2.sh (T=2048 rows, int8 rows).
 # Not run yet (stop 43 had no device). First in the next session's device time, before
 # ../h200_2026-12-04f/next_session/plan.sh: the fused scanned step without per-block remat,
 # new in stop 43 (inplace_scan(remat=False): the forward loop saves each block's matmul and
