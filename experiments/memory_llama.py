@@ -260,6 +260,25 @@ def build(model_name: str, tokens: int, optimizer: str, layout: str, *,
   return cfg, model, (batch[:, :-1], batch[:, 1:]), tx
 
 
+def lm_loss(model):
+  """``loss_fn(variables, (tokens, next_tokens))``: the model's mean next-token
+  cross-entropy, as every variant's step takes it."""
+  from forge_jax.models import llama  # pylint: disable=g-import-not-at-top
+
+  def loss_fn(v, b):
+    return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
+  return loss_fn
+
+
+def abstract_state(model, tx, key, tokens):
+  """Shapes and dtypes of ``fj.TrainState.create`` over ``model.init(key,
+  tokens)`` (``jax.eval_shape``: nothing is computed or allocated)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import forge_jax as fj  # pylint: disable=g-import-not-at-top
+  return jax.eval_shape(lambda: fj.TrainState.create(
+      apply_fn=model.apply, variables=model.init(key, tokens), tx=tx))
+
+
 # A marker once the listener is registered, then one entry per lowering of
 # a jitted function named `step`.
 _STEP_LOWERINGS = []
@@ -383,10 +402,6 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
   init_key = jax.random.key(0)
   init_how = {"init": "direct"}  # unrolled: from the scanned twin if it can
 
-  def create_state(variables):
-    return fj.TrainState.create(apply_fn=model.apply, variables=variables,
-                                tx=tx)
-
   def make_state():
     if mesh is not None:  # straight into the shards: no whole copy on a device
       shapes = jax.eval_shape(model.init, init_key, batch[0])
@@ -397,7 +412,8 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
       variables = _unrolled_init(model, init_key, batch[0], how=init_how)
     else:
       variables = jax.jit(model.init)(init_key, batch[0])
-    state = create_state(variables)
+    state = fj.TrainState.create(apply_fn=model.apply, variables=variables,
+                                 tx=tx)
     del variables
     jax.block_until_ready(state)
     return state
@@ -407,8 +423,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
              for d in jax.devices()[:tp]]
     return None if None in peaks else max(peaks)
 
-  def loss_fn(v, b):
-    return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
+  loss_fn = lm_loss(model)
 
   if optimizer == "optax":
     @functools.partial(jax.jit, donate_argnums=(0,),
@@ -441,8 +456,7 @@ def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
     return compiled
 
   if compile_first:  # nothing of the state on the device while XLA compiles
-    shapes = jax.eval_shape(
-        lambda: create_state(model.init(init_key, batch[0])))
+    shapes = abstract_state(model, tx, init_key, batch[0])
     phase("setup")
     compiled = compile_step(shapes)
     compile_peak = peak_bytes()  # the compile's own (and the batch's)

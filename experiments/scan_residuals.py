@@ -83,17 +83,12 @@ def measure(model_name: str, tokens: int, optimizer: str, layout: str,
   cfg, model, batch, tx = memory_llama.build(
       model_name, tokens, optimizer, layout, attention=attention,
       logits_dtype="bfloat16", layers=blocks)
-  variables = jax.eval_shape(model.init, jax.random.key(0), batch[0])
-
-  def loss_fn(v, b):
-    return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
-
+  state = memory_llama.abstract_state(model, tx, jax.random.key(0), batch[0])
+  loss_fn = memory_llama.lm_loss(model)
   if optimizer == "optax":
     step = jax.grad(lambda p, b: loss_fn({"params": p}, b))
-    jaxpr = jax.make_jaxpr(step)(variables["params"], batch)
+    jaxpr = jax.make_jaxpr(step)(state.params, batch)
   else:
-    state = jax.eval_shape(lambda v: fj.TrainState.create(
-        apply_fn=model.apply, variables=v, tx=tx), variables)
     jaxpr = jax.make_jaxpr(lambda s, b: fj.fused_step(
         s, b, loss_fn, implementation="xla"))(state, batch)
   avals = forward_loop_outputs(jaxpr, blocks)
