@@ -210,9 +210,7 @@ def main(argv=None) -> int:
       tree["forge_state"] = state.forge_state
     return flat_leaves(tree)
 
-  def loss_fn(v, b):
-    return llama.cross_entropy_loss(model.apply(v, b[0]), b[1])
-
+  loss_fn = memory_llama.lm_loss(model)
   final_loss = jax.jit(loss_fn)
   initial = ref = None
   names, rows, bad = [], [], False
