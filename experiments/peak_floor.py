@@ -21,8 +21,12 @@ matmul that XLA runs in that step, which an autotuner timing it would hold:
 operands and two outputs (one to check the others against). The fused step
 runs the head's forward (x T × D, kernel D × V, out T × V) and its dx
 (dy T × V, kernel, out T × D) in XLA; optax's step its dW too (x, dy, out
-D × V). The logits and dy in the row's logits dtype (bf16 unless it
-records float32), the rest bf16. A value the same whatever the temp is a
+D × V). Everything in bf16: the head's matmul gives its logits in the
+compute dtype, cast after it to the logits dtype (rows that do not record
+one predate the option; their head was a bf16 matmul cast to fp32 after
+it, llama.py before commit cedc42b). A row that records float32 logits is
+counted with fp32 logits and dy, as if XLA had folded the casts into the
+matmuls (no committed GPU row has float32 logits recorded). A value the same whatever the temp is a
 floor the step did not set; this matches sizes, it does not observe the
 autotuner.
 
@@ -110,7 +114,10 @@ def classify(row: dict) -> str:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-  """One dict per (model, tokens, family, compile_first): ``counts`` per
+  """One dict per (model, tokens, family, logits, compile_first), where
+  ``logits`` is the row's recorded logits dtype or 'not recorded' (rows
+  before stop 18; the head bytes of a cluster are its first row's, so rows
+  of different logits dtypes are never in one): ``counts`` per
   class, and ``floors``, one per cluster of the rows not set by the step
   (their peak − arguments within 2 MiB of the next smaller one): dicts of
   ``low``, ``high`` (bytes), ``rows``, ``temp_low``, ``temp_high``,
@@ -119,10 +126,11 @@ def summarize(rows: list[dict]) -> list[dict]:
   groups = collections.defaultdict(list)
   for r in rows:
     family = "optax" if r["optimizer"] == "optax" else "forge"
-    groups[(r["model"], r["tokens"], family,
+    logits = r.get("logits_dtype") or "not recorded"
+    groups[(r["model"], r["tokens"], family, logits,
             bool(r.get("compile_first")))].append(r)
   out = []
-  for (model, tokens, family, first), rs in sorted(groups.items()):
+  for (model, tokens, family, logits, first), rs in sorted(groups.items()):
     kinds = [(classify(r), r) for r in rs]
     above = sorted(((k, r) for k, r in kinds if k != "step"),
                    key=lambda kr: kr[1]["peak_bytes"] - kr[1]["argument_size_in_bytes"])
@@ -139,21 +147,22 @@ def summarize(rows: list[dict]) -> list[dict]:
                temp_high=max(f["temp_high"], temp))
       f["kinds"][kind] += 1
     out.append(dict(model=model, tokens=tokens, family=family,
-                    compile_first=first,
+                    logits=logits, compile_first=first,
                     counts=dict(collections.Counter(k for k, _ in kinds)),
                     floors=floors))
   return out
 
 
 def print_summary(summary: list[dict]) -> None:
-  print("| model | T | optimizer | compiled | rows: step / init / compile / "
+  print("| model | T | optimizer | logits | compiled | rows: step / init / compile / "
         "outside | peak − args not set by the step, GiB | rows (what set "
         "them) | their temp, GiB | largest head matmul's bytes, GiB | "
         "peak − args − those, MiB |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for s in summary:
     c = s["counts"]
     head = (f"| {s['model']} | {s['tokens']} | {s['family']} | "
+            f"{s['logits']} | "
             f"{'first' if s['compile_first'] else 'after the init'} | "
             f"{c.get('step', 0)} / {c.get('init', 0)} / {c.get('compile', 0)}"
             f" / {c.get('outside', 0)} |")

@@ -57,8 +57,8 @@ def test_rows_are_split_by_what_set_their_peak(tmp_path, capsys):
   # outputs).
   assert forge["floors"][0]["head_bytes"] == (
       2048 * 4096 + 4096 * 128256 + 2 * 2048 * 128256) * 2
-  assert ("| llama3.1-8b | 2048 | forge | after the init | 1 / 1 / 0 / 3 |"
-          in printed.out)
+  assert ("| llama3.1-8b | 2048 | forge | not recorded | after the init | "
+          "1 / 1 / 0 / 3 |" in printed.out)
   with pytest.raises(SystemExit) as e:
     peak_floor.main([str(tmp_path), "--model", "qwen3-32b"])
   assert e.value.code == 2 and "--model qwen3-32b" in capsys.readouterr().err
@@ -103,3 +103,14 @@ def test_head_bytes_follow_the_optimizer_and_logits_dtype():
   assert peak_floor.head_matmul_bytes(dict(fused, logits_dtype="float32")) == (
       t * d * 2 + d * v * 2 + 2 * t * v * 4)
   assert peak_floor.head_matmul_bytes(dict(fused, model="no-such-model")) is None
+
+
+def test_rows_of_different_logits_dtypes_are_not_counted_together():
+  rows = [row("forge-bf16", GiB, 2 * GiB, logits_dtype="bfloat16"),
+          row("forge-bf16", GiB, 2 * GiB, logits_dtype="float32"),
+          row("forge-bf16", GiB, 2 * GiB)]
+  summary = peak_floor.summarize(rows)
+  assert [s["logits"] for s in summary] == [
+      "bfloat16", "float32", "not recorded"]
+  heads = [s["floors"][0]["head_bytes"] for s in summary]
+  assert heads[1] > heads[0] == heads[2]
