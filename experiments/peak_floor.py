@@ -4,8 +4,8 @@ A row's ``peak_bytes`` is the process's ``peak_bytes_in_use`` high-water
 mark after its steps. If the step set it, the peak is the step's arguments
 plus at most its temp (``memory_analysis()``). This reads rows (their JSON
 files, or folders searched for ``memory_*.json``) and, per model, T,
-optimizer family ('optax' or 'forge') and compile order, sorts each row by
-what set its peak (1 MiB of slack throughout):
+optimizer family ('optax' or 'forge'), logits dtype and compile order,
+sorts each row by what set its peak (1 MiB of slack throughout):
 
 - 'step': peak <= arguments + temp;
 - 'init': above that, and the peak after initialization
@@ -168,7 +168,9 @@ def print_summary(summary: list[dict]) -> None:
             f" / {c.get('outside', 0)} |")
     if not s["floors"]:
       print(head + " - | - | - | - | - |")
-    for f in s["floors"]:
+    for n, f in enumerate(s["floors"]):
+      if n:  # another cluster of the same rows: their counts are above
+        head = head[:head.rindex("|", 0, -1)] + "| (same rows) |"
       h = f["head_bytes"]
       kinds = ", ".join(f"{n} {k}" for k, n in sorted(f["kinds"].items()))
       rest = ("-" if h is None else
@@ -180,7 +182,8 @@ def print_summary(summary: list[dict]) -> None:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("paths", nargs="+", help="memory_llama JSON files or folders")
   p.add_argument("--model", help="only this preset's rows")
   a = p.parse_args(argv)
