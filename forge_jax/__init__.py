@@ -94,3 +94,21 @@ __all__ = [
     "scale_by_sgd",
     "sgd",
 ]
+
+# optax names with no fused transformation of their own: what to call instead.
+_INSTEAD = {
+    "adam": "adamw(learning_rate, weight_decay=0.0)",
+    "nadam": "nadamw(learning_rate, weight_decay=0.0)",
+    "momentum": "sgd(learning_rate, momentum=0.9)",
+    "sgd_momentum": "sgd(learning_rate, momentum=0.9)",
+}
+_OPTIMIZERS = ("adamw", "nadamw", "radam", "lion", "rmsprop", "adagrad", "sgd",
+               "fold_adam")
+
+
+def __getattr__(name):
+  if name in _INSTEAD:
+    raise AttributeError(
+        f"module 'forge_jax' has no attribute {name!r}: use forge_jax."
+        f"{_INSTEAD[name]} (the fused optimizers: {', '.join(_OPTIMIZERS)})")
+  raise AttributeError(f"module 'forge_jax' has no attribute {name!r}")

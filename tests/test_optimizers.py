@@ -11,6 +11,8 @@ Hyperparameter mapping to optax (names and defaults are optax's):
   sgd      -> optax.sgd(lr, momentum=None / momentum, nesterov)  (weight_decay=0)
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +54,19 @@ OPTIMIZERS = {
 def test_every_rule_has_an_optimizer():
   assert {fj_tx().rule.name for fj_tx, _ in OPTIMIZERS.values()} == {
       r.name for r in ALL_RULES}
+
+
+@pytest.mark.parametrize("name, instead", [
+    ("adam", "adamw(learning_rate, weight_decay=0.0)"),
+    ("momentum", "sgd(learning_rate, momentum=0.9)")])
+def test_an_optax_name_without_a_fused_twin_says_what_to_use(name, instead):
+  with pytest.raises(AttributeError, match=re.escape(instead)):
+    getattr(fj, name)
+  with pytest.raises(AttributeError, match="no attribute 'no_such_name'$"):
+    fj.no_such_name  # pylint: disable=pointless-statement
+  # Every optimizer the message lists exists.
+  assert all(callable(getattr(fj, n)) for n in fj._OPTIMIZERS)  # pylint: disable=protected-access
+  assert not hasattr(fj, "adam")
 
 
 def _tree(rng):
