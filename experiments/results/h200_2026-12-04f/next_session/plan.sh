@@ -11,7 +11,7 @@
 #    presumably compiling the step a second time there: stop 42 found that the jitted step's
 #    first call re-lowered it in unrolled and TP rows, and memory_llama now runs the executable
 #    it compiled; each row's step_lowerings should read 1).
-# Stops 42, 43 and 44 (2026-12-04/05): no device machine was lent; this plan was not run.
+# Stops 42–45 (2026-12-04/05): no device machine was lent; this plan was not run.
 # Stop 44: the memory_llama row compiles its step before making its state (--compile-first), so
 # its live peak is the steps' own (docs/results.md, "Stop 44").
 source devrun/env.sh
