@@ -21,14 +21,13 @@ matmul that XLA runs in that step, which an autotuner timing it would hold:
 operands and two outputs (one to check the others against). The fused step
 runs the head's forward (x T × D, kernel D × V, out T × V) and its dx
 (dy T × V, kernel, out T × D) in XLA; optax's step its dW too (x, dy, out
-D × V). Everything in bf16: the head's matmul gives its logits in the
-compute dtype, cast after it to the logits dtype (rows that do not record
-one predate the option; their head was a bf16 matmul cast to fp32 after
-it, llama.py before commit cedc42b). A row that records float32 logits is
-counted with fp32 logits and dy, as if XLA had folded the casts into the
-matmuls (no committed GPU row has float32 logits recorded). A value the same whatever the temp is a
-floor the step did not set; this matches sizes, it does not observe the
-autotuner.
+D × V). All in bf16, whatever the logits dtype: the model's head is a
+bf16 matmul whose output is cast to the logits dtype after it (so it was
+in rows that do not record one, from before the option: llama.py before
+commit cedc42b). Were XLA to fold a cast into a matmul, fp32 logits would
+make that matmul's logits and dy twice as large; this is not counted. A
+value the same whatever the temp is a floor the step did not set; this
+matches sizes, it does not observe the autotuner.
 
 Usage::
 
@@ -89,10 +88,9 @@ def head_matmul_bytes(row: dict) -> int | None:
   except (KeyError, ValueError):
     return None
   t, d, v = row["tokens"], cfg.d_model, cfg.vocab_size
-  logits = 4 if row.get("logits_dtype") == "float32" else 2
-  forward = t * d * 2 + d * v * 2 + 2 * t * v * logits
-  dx = t * v * logits + d * v * 2 + 2 * t * d * 2
-  dw = t * d * 2 + t * v * logits + 2 * d * v * 2
+  forward = (t * d + d * v + 2 * t * v) * 2
+  dx = (t * v + d * v + 2 * t * d) * 2
+  dw = (t * d + t * v + 2 * d * v) * 2
   return max(forward, dx, *([dw] if row["optimizer"] == "optax" else []))
 
 
@@ -116,8 +114,8 @@ def classify(row: dict) -> str:
 def summarize(rows: list[dict]) -> list[dict]:
   """One dict per (model, tokens, family, logits, compile_first), where
   ``logits`` is the row's recorded logits dtype or 'not recorded' (rows
-  before stop 18; the head bytes of a cluster are its first row's, so rows
-  of different logits dtypes are never in one): ``counts`` per
+  from 2026-11-30, before the option; they ran other code, and steps with
+  different logits dtypes hold different activations): ``counts`` per
   class, and ``floors``, one per cluster of the rows not set by the step
   (their peak − arguments within 2 MiB of the next smaller one): dicts of
   ``low``, ``high`` (bytes), ``rows``, ``temp_low``, ``temp_high``,
@@ -169,8 +167,8 @@ def print_summary(summary: list[dict]) -> None:
     if not s["floors"]:
       print(head + " - | - | - | - | - |")
     for n, f in enumerate(s["floors"]):
-      if n:  # another cluster of the same rows: their counts are above
-        head = head[:head.rindex("|", 0, -1)] + "| (same rows) |"
+      if n:  # another cluster of the same group: its counts are above
+        head = head[:head.rindex("|", 0, -1)] + "| (counts above) |"
       h = f["head_bytes"]
       kinds = ", ".join(f"{n} {k}" for k, n in sorted(f["kinds"].items()))
       rest = ("-" if h is None else

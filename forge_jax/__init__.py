@@ -95,7 +95,9 @@ __all__ = [
     "sgd",
 ]
 
-# optax names with no fused transformation of their own: what to call instead.
+# Names a user may reach for (optax's adam and nadam; SGD with momentum) that
+# have no fused transformation of their own: what to call instead. Attribute
+# access only: `from forge_jax import adam` gets Python's plain ImportError.
 _INSTEAD = {
     "adam": "adamw(learning_rate, weight_decay=0.0)",
     "nadam": "nadamw(learning_rate, weight_decay=0.0)",
