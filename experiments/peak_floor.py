@@ -152,8 +152,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def print_summary(summary: list[dict]) -> None:
-  print("| model | T | optimizer | logits | compiled | rows: step / init / compile / "
-        "outside | peak − args not set by the step, GiB | rows (what set "
+  print("| model | T | optimizer | logits | compiled | rows: step / init / "
+        "compile / outside | peak − args not set by the step, GiB | rows (what set "
         "them) | their temp, GiB | largest head matmul's bytes, GiB | "
         "peak − args − those, MiB |")
   print("|---|---|---|---|---|---|---|---|---|---|---|")

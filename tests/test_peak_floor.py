@@ -62,7 +62,7 @@ def test_rows_are_split_by_what_set_their_peak(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     peak_floor.main([str(tmp_path), "--model", "qwen3-32b"])
   assert e.value.code == 2 and "--model qwen3-32b" in capsys.readouterr().err
-  # A second cluster of the same rows does not repeat their counts.
+  # A group's second cluster does not repeat the group's counts.
   lines = [l for l in printed.out.splitlines() if "| forge |" in l]
   assert len(lines) == 3 and lines[1].count("| (counts above) |") == 1
   with pytest.raises(SystemExit) as e:
