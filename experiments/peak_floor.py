@@ -159,16 +159,16 @@ def print_summary(summary: list[dict]) -> None:
   print("|---|---|---|---|---|---|---|---|---|---|---|")
   for s in summary:
     c = s["counts"]
-    head = (f"| {s['model']} | {s['tokens']} | {s['family']} | "
-            f"{s['logits']} | "
-            f"{'first' if s['compile_first'] else 'after the init'} | "
-            f"{c.get('step', 0)} / {c.get('init', 0)} / {c.get('compile', 0)}"
-            f" / {c.get('outside', 0)} |")
+    group = (f"| {s['model']} | {s['tokens']} | {s['family']} | "
+             f"{s['logits']} | "
+             f"{'first' if s['compile_first'] else 'after the init'} |")
+    counts = (f" {c.get('step', 0)} / {c.get('init', 0)} / "
+              f"{c.get('compile', 0)} / {c.get('outside', 0)} |")
     if not s["floors"]:
-      print(head + " - | - | - | - | - |")
+      print(group + counts + " - | - | - | - | - |")
     for n, f in enumerate(s["floors"]):
-      if n:  # another cluster of the same group: its counts are above
-        head = head[:head.rindex("|", 0, -1)] + "| (counts above) |"
+      # A group's further clusters: its counts are on its first line.
+      head = group + (counts if n == 0 else " (counts above) |")
       h = f["head_bytes"]
       kinds = ", ".join(f"{n} {k}" for k, n in sorted(f["kinds"].items()))
       rest = ("-" if h is None else
