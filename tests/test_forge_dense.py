@@ -245,6 +245,60 @@ def test_bad_configuration_is_refused(rng):
                   x, lambda v, b: jnp.sum(m.apply(v, b)), implementation="gpu")
 
 
+def test_refused_tx_pieces_are_found_at_any_depth_and_inside_factories():
+  """clip_by_global_norm, apply_if_finite and reduce_on_plateau are refused
+  however deep in tx they sit and when an inject_hyperparams factory builds
+  them inside tx.init; the state passed in is untouched either way."""
+  x = jax.random.normal(jax.random.key(1), (4, 5))
+  m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3))
+  v = m.init(jax.random.key(0), x)
+  before = jax.tree.map(np.asarray, v)
+
+  def nested(tx, depth):
+    for _ in range(depth):
+      tx = optax.chain(optax.identity(), tx)
+    return tx
+
+  labels = lambda p: jax.tree.map(lambda _: "a", p)
+
+  def clipped(learning_rate):  # a factory, as inject_hyperparams takes
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate))
+
+  cases = {
+      "clip_by_global_norm": [
+          nested(optax.clip_by_global_norm(1.0), 6),
+          optax.masked(optax.multi_transform(
+              {"a": nested(optax.clip_by_global_norm(1.0), 3)}, labels),
+              lambda p: jax.tree.map(lambda _: True, p)),
+          optax.inject_hyperparams(clipped)(learning_rate=1e-3),
+          optax.chain(optax.inject_hyperparams(clipped)(learning_rate=1e-3)),
+          optax.inject_hyperparams(functools.partial(clipped))(learning_rate=1e-3),
+      ],
+      "apply_if_finite": [nested(optax.apply_if_finite(optax.sgd(0.1), 3), 5)],
+      "reduce_on_plateau": [
+          optax.chain(optax.adamw(1e-3), optax.contrib.reduce_on_plateau())],
+  }
+  for name, txs in cases.items():
+    for tx in txs:
+      with pytest.raises(ValueError, match=f"tx: optax.{name} cannot be combined"):
+        fj.TrainState.create(apply_fn=m.apply, variables=v, tx=tx)
+  # A factory without a refused piece passes, and so does global clipping
+  # when nothing is fused.
+  fj.TrainState.create(apply_fn=m.apply, variables=v, tx=optax.inject_hyperparams(
+      lambda learning_rate: optax.chain(optax.clip_by_block_rms(1.0),
+                                        optax.adamw(learning_rate)))(learning_rate=1e-3))
+  fj.TrainState.create(apply_fn=m.apply, variables={"params": v["params"]},
+                       tx=optax.inject_hyperparams(clipped)(learning_rate=1e-3))
+  # A mask tree built from all params (fused kernel included) is explained.
+  full_mask = jax.tree.map(lambda _: True, v["params"])
+  with pytest.raises(ValueError, match=r"without the fused layers' 1 kernels.*"
+                     r"pass a callable.*pytree structure"):
+    fj.TrainState.create(apply_fn=m.apply, variables=v,
+                         tx=optax.adamw(1e-3, mask=full_mask))
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(v)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+
+
 class Tied(nn.Module):
   """An autoencoder whose decoder reads the fused encoder's kernel."""
 
@@ -289,6 +343,33 @@ def test_reading_params_for_metrics_only_is_allowed(rng):
   state, metrics = fj.make_train_step(loss_fn)(state, (x, y))
   assert float(metrics["fc1_norm"]) > 0
   assert float(metrics["loss"]) > 0  # the step's loss, not the aux entry
+
+
+def test_aux_that_is_not_a_dict_comes_back_as_metrics_aux(rng):
+  """(loss, logits) works as under jax.value_and_grad(has_aux=True); a tuple
+  of another length is refused before anything runs; seed may be a numpy
+  integer."""
+  model = MLP()
+  x, y = _data(rng)
+  v = model.init(jax.random.key(0), x)
+  state = fj.TrainState.create(apply_fn=model.apply, variables=v,
+                               tx=optax.adam(1e-2), seed=np.int64(3))
+  assert int(state.seed) == 3
+
+  def loss_fn(v, b):
+    out = model.apply(v, b[0])
+    return jnp.mean((out - b[1]) ** 2), out
+
+  out = model.apply(v, x)
+  new, metrics = fj.make_train_step(loss_fn)(state, (x, y))
+  assert metrics["aux"].shape == out.shape and rel_err(metrics["aux"], out) < 1e-6
+  np.testing.assert_allclose(metrics["loss"], jnp.mean((out - y) ** 2), rtol=1e-6)
+  assert int(new.step) == 1
+  with pytest.raises(ValueError, match="tuple of 3 values"):
+    fj.make_train_step(lambda v, b: loss_fn(v, b) + (0.0,))(new, (x, y))
+  with pytest.raises(ValueError, match="seed=True"):
+    fj.TrainState.create(apply_fn=model.apply, variables=v, tx=optax.adam(1e-2),
+                         seed=True)
 
 
 def test_per_example_vmap_with_shared_kernel_is_refused(rng):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 from flax import traverse_util
@@ -73,40 +75,43 @@ def merge_params(other, fused):
   return traverse_util.unflatten_dict(flat)
 
 
-def _callables_in(root, depth: int = 8):
+def _callables_in(root):
   """Callables reachable from ``root`` through closures and containers.
 
   An optax transformation is a pair of closures; its parts (a chain's list, a
-  ``multi_transform``'s dict, a ``named_chain``'s tuples) live in closure
-  cells, so this walk finds the functions of every nested transformation.
+  ``multi_transform``'s dict, a ``named_chain``'s tuples, a
+  ``functools.partial``'s arguments) live in closure cells, so this walk finds
+  the functions of every nested transformation, at any depth (each object is
+  visited once).
   """
-  seen, stack = set(), [(root, 0)]
+  seen, stack = set(), [root]
   while stack:
-    obj, d = stack.pop()
-    if id(obj) in seen or d > depth:
+    obj = stack.pop()
+    if id(obj) in seen:
       continue
     seen.add(id(obj))
     if isinstance(obj, dict):
-      stack.extend((v, d + 1) for v in obj.values())
+      stack.extend(obj.values())
       continue
     if isinstance(obj, (tuple, list)):
-      stack.extend((v, d + 1) for v in obj)
+      stack.extend(obj)
       continue
     if not callable(obj):
       continue
     yield obj
-    for attr in ("fn", "func", "update", "init"):  # wrappers, transformations
-      inner = getattr(obj, attr, None)
-      if callable(inner):
-        stack.append((inner, d + 1))
+    for attr in ("fn", "func", "update", "init", "args", "keywords"):
+      inner = getattr(obj, attr, None)  # wrappers, transformations, partials
+      if callable(inner) or isinstance(inner, (dict, tuple, list)):
+        stack.append(inner)
     for cell in getattr(obj, "__closure__", None) or ():
       try:
-        stack.append((cell.cell_contents, d + 1))
+        stack.append(cell.cell_contents)
       except ValueError:  # an empty cell
         continue
 
 
-# optax transformations whose meaning needs the fused layers' gradients.
+# optax transformations whose meaning needs the fused layers' gradients, or
+# that would silently leave the fused layers out.
 _REFUSED_TX = {
     "clip_by_global_norm": (
         "the global norm needs every gradient before any update, but fused "
@@ -115,10 +120,46 @@ _REFUSED_TX = {
     "apply_if_finite": (
         "it skips a step with a non-finite gradient, but the fused kernels "
         "have already been updated by then"),
+    "reduce_on_plateau": (
+        "it would scale the updates of tx's params only, while the fused "
+        "layers kept their learning rate (set in ForgeDense's optimizer; "
+        "give both the same schedule instead)"),
 }
 
 
-def _refuse_unsupported_tx(tx, opt_state) -> None:
+def _refused_name(qualname: str) -> str | None:
+  for name in _REFUSED_TX:
+    if qualname == name or qualname.startswith(name + "."):
+      return name
+  return None
+
+
+def _init_tracing_constructors(tx, params):
+  """``tx.init(params)``, and the qualified names of the functions it called.
+
+  ``optax.inject_hyperparams(factory)`` builds its inner transformation
+  inside ``init`` (and again in every ``update``), so what the factory
+  returns is not reachable from ``tx`` before that call; a profile hook on
+  this thread sees the constructors it runs.
+  """
+  called = set()
+
+  def hook(frame, event, arg):
+    del arg
+    if event == "call":
+      code = frame.f_code
+      called.add(getattr(code, "co_qualname", code.co_name))
+
+  previous = sys.getprofile()
+  sys.setprofile(hook)
+  try:
+    opt_state = tx.init(params)
+  finally:
+    sys.setprofile(previous)
+  return opt_state, called
+
+
+def _refuse_unsupported_tx(tx, opt_state, called=()) -> None:
   """Refuses optax pieces whose meaning needs the fused layers' gradients."""
   for leaf in jax.tree.leaves(
       opt_state, is_leaf=lambda x: isinstance(x, optax.MultiStepsState)):
@@ -127,12 +168,12 @@ def _refuse_unsupported_tx(tx, opt_state) -> None:
           "tx: gradient accumulation (optax.MultiSteps) cannot be combined "
           "with fused ForgeDense layers: their update runs inside every "
           "backward pass, so there is no gradient to accumulate")
-  for f in _callables_in(tx):
-    qualname = getattr(f, "__qualname__", "")
-    for name, why in _REFUSED_TX.items():
-      if qualname == name or qualname.startswith(name + "."):
-        raise ValueError(f"tx: optax.{name} cannot be combined with fused "
-                         f"ForgeDense layers: {why}")
+  names = [getattr(f, "__qualname__", "") for f in _callables_in(tx)]
+  for qualname in (*names, *sorted(called)):
+    name = _refused_name(qualname)
+    if name is not None:
+      raise ValueError(f"tx: optax.{name} cannot be combined with fused "
+                       f"ForgeDense layers: {_REFUSED_TX[name]}")
 
 
 class TrainState(struct.PyTreeNode):
@@ -185,9 +226,15 @@ class TrainState(struct.PyTreeNode):
         other than ``'params'`` and ``'forge_state'``, or the model has fused
         layers and ``tx`` holds gradient accumulation (``optax.MultiSteps``),
         global-norm clipping (``optax.clip_by_global_norm``) or
-        ``optax.apply_if_finite``, which need the fused layers' gradients.
-        The check walks the transformation's closures, so it finds these
-        inside chains, ``named_chain``, ``multi_transform`` and ``partition``.
+        ``optax.apply_if_finite``, which need the fused layers' gradients,
+        or ``optax.contrib.reduce_on_plateau``, which would leave the fused
+        layers' learning rate alone. The check walks the transformation's
+        closures at any depth, so it finds these inside chains,
+        ``named_chain``, ``multi_transform``, ``masked`` and ``partition``,
+        and watches ``tx.init`` for the constructors it calls, so it finds
+        them inside an ``optax.inject_hyperparams`` factory too. Also if
+        ``tx.init`` raises on the params without the fused kernels (a mask
+        or label tree built from all params: use a callable).
     """
     if params is not None or variables is None:
       raise ValueError(
@@ -209,10 +256,23 @@ class TrainState(struct.PyTreeNode):
     forge_state = variables.get(FORGE_STATE, {})
     paths = fused_kernel_paths(forge_state)
     other, _ = split_params(params, paths)
-    opt_state = tx.init(other)
     if paths:
-      _refuse_unsupported_tx(tx, opt_state)
-    if not isinstance(seed, int) or not 0 <= seed < 2**32:
+      try:
+        opt_state, called = _init_tracing_constructors(tx, other)
+      except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"tx.init raised on the params without the fused layers' "
+            f"{len(paths)} kernels (layers such as {'/'.join(paths[0])!r}): "
+            "tx sees only the params "
+            "that are not fused kernels, so a mask or label tree built from "
+            "all of variables['params'] does not match it; pass a callable "
+            "instead (optax's mask=fn, multi_transform(transforms, fn)). "
+            f"The error: {type(e).__name__}: {e}") from e
+      _refuse_unsupported_tx(tx, opt_state, called)
+    else:
+      opt_state = tx.init(other)
+    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+        or not 0 <= seed < 2**32):
       raise ValueError(f"seed={seed!r} must be an int in [0, 2**32)")
     return cls(step=jnp.zeros([], jnp.int32), params=params,
                forge_state=forge_state, opt_state=opt_state,
@@ -242,7 +302,9 @@ def fused_step(
     batch: passed to ``loss_fn`` unchanged.
     loss_fn: ``loss_fn(variables, batch) -> loss`` or ``(loss, aux)``, where
       ``variables`` is ``{'params': ..., 'forge_state': ...}`` to pass to
-      ``apply_fn``; ``loss`` an fp32 scalar, ``aux`` a dict of metrics.
+      ``apply_fn``; ``loss`` an fp32 scalar, ``aux`` a dict of metrics (its
+      entries join the returned metrics) or any other pytree (returned as
+      ``metrics['aux']``, e.g. the logits).
     implementation: kernel implementation for fused layers that name none.
     interpret: run the Pallas kernels in interpret mode.
     order_updates: finish each fused layer's update before the rest of the
@@ -276,14 +338,15 @@ def fused_step(
       prints under the stack's name.
 
   Returns:
-    ``(new_state, metrics)``; metrics hold ``aux``, ``loss`` and
+    ``(new_state, metrics)``; metrics hold ``aux``'s entries, ``loss`` and
     ``forge_backward_ok`` (True when every fused backward ran exactly once
     per kernel slice at run time).
 
   Raises:
     ValueError: if ``order_updates`` is not None, True or False, or
       ``in_place`` or ``audit`` not True or False. At trace
-      time (before anything runs or is written) if a fused
+      time (before anything runs or is written) if ``loss_fn`` returns a
+      tuple other than ``(loss, aux)``, if a fused
       layer's backward pass was traced zero times (output unused, under
       ``stop_gradient``, layer not called) or more than once (a layer applied
       twice, inside ``lax.cond``, under ``jax.grad`` in the loss), or if the
@@ -320,6 +383,10 @@ def fused_step(
     out = loss_fn({"params": merge_params(other, fused_params),
                    FORGE_STATE: traverse_util.unflatten_dict(fs) if fs else {}},
                   batch)
+    if isinstance(out, tuple) and len(out) != 2:
+      raise ValueError(
+          f"loss_fn returned a tuple of {len(out)} values; it must return "
+          "loss or (loss, aux)")
     loss, aux = out if isinstance(out, tuple) else (out, {})
     return loss, aux
 
@@ -358,6 +425,7 @@ def fused_step(
       params=merge_params(other, new_fused),
       forge_state=new_forge_state,
       opt_state=opt_state)
+  aux = aux if isinstance(aux, Mapping) else {"aux": aux}
   metrics = {**aux, "loss": loss, "forge_backward_ok": backward_ok}
   return new_state, metrics
 
