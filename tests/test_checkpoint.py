@@ -137,3 +137,37 @@ def test_int8_scales_restore_only_into_their_own_layout(rng, tmp_path):
   restored = restored.replace(forge_state=as_layout(restored.forge_state, True))
   for a, b in zip(_leaves(restored), _leaves(state)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_metadata_that_json_cannot_write_is_refused_before_writing(rng, tmp_path):
+  """A numpy scalar in metadata is refused before orbax writes anything, so
+  the same process can save into the same directory right after."""
+  state, _, _ = _setup(rng)
+  for bad in ({"loss": np.float32(1.5)}, {"ids": np.arange(3)}, [("a", 1)]):
+    with pytest.raises(ValueError, match="metadata must be"):
+      fj.save_checkpoint(tmp_path, state, metadata=bad)
+  assert os.listdir(tmp_path) == [] and latest_checkpoint_step(tmp_path) is None
+  fj.save_checkpoint(tmp_path, state, metadata={"loss": 1.5})
+  assert fj.checkpoint_metadata(tmp_path) == {"loss": 1.5}
+
+
+def test_layout_hint_only_for_a_scale_layout_difference(rng, tmp_path):
+  """An int8 model restored into a target whose head differs in width: the
+  error lists the head, without the hint about int8 scale layouts."""
+  class Int8Net(nn.Module):
+    out: int
+
+    @nn.compact
+    def __call__(self, x):
+      h = fj.ForgeDense(128, optimizer=fj.adamw(1e-2, mu_dtype=jnp.int8,
+                                                nu_dtype=jnp.int8), name="fc1")(x)
+      return nn.Dense(self.out, name="head")(h)
+
+  x = jnp.asarray(rng.standard_normal((6, 4)), jnp.float32)
+  states = [fj.TrainState.create(apply_fn=m.apply, variables=m.init(jax.random.key(0), x),
+                                 tx=optax.adamw(1e-2))
+            for m in (Int8Net(3), Int8Net(5))]
+  fj.save_checkpoint(tmp_path, states[0])
+  with pytest.raises(ValueError, match=r"head.*kernel.*float32\[128, 3\]") as e:
+    fj.restore_checkpoint(tmp_path, states[1])
+  assert "with_scale_layout" not in str(e.value)

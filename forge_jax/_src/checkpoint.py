@@ -3,6 +3,7 @@ written under a temporary name and renamed only when complete)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -57,8 +58,8 @@ def _compare_layouts(saved: Mapping[str, str], wanted: Mapping[str, str],
     shown = problems[:12] + ([f"... and {len(problems) - 12} more"]
                              if len(problems) > 12 else [])
     hint = ""
-    if any(TRANSPOSED in saved.get(k, "") + wanted.get(k, "")
-           for k in set(saved) | set(wanted)):
+    if any((TRANSPOSED in saved[k]) != (TRANSPOSED in wanted[k])
+           for k in set(saved) & set(wanted)):  # a layout that differs
       hint = (" Some int8 scales differ in layout: ForgeDense stores its int8 "
               "moments' scales transposed (QuantizedArray.scale_transposed); "
               "checkpoints written by earlier versions of forge_jax hold "
@@ -106,9 +107,21 @@ def save_checkpoint(
     The step number saved.
 
   Raises:
+    ValueError: if ``metadata`` is not a mapping that ``json.dumps`` can
+      write (numpy scalars and arrays cannot: convert them with ``float``,
+      ``int`` or ``.tolist()``), checked before anything is written.
     FileExistsError: if a checkpoint at this step or later exists and not
       ``overwrite``.
   """
+  if metadata is not None and not isinstance(metadata, Mapping):
+    raise ValueError(f"metadata must be a mapping, got {type(metadata).__name__}")
+  try:
+    json.dumps(dict(metadata or {}))
+  except (TypeError, ValueError) as e:
+    raise ValueError(
+        f"metadata must be JSON-serializable (it is saved as JSON): {e}; "
+        "convert numpy scalars and arrays with float(), int() or .tolist()"
+    ) from e
   step = int(jax.device_get(state.step))
   with _manager(directory, max_to_keep) as mngr:
     later = [s for s in mngr.all_steps() if s >= step]
