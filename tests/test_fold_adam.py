@@ -342,7 +342,30 @@ def test_hybrid_adam_group_moment_dtype():
     (dict(nu_mode="rms"), "nu_mode='rms' must be one of"),
     (dict(mu_dtype=jnp.float16), "mu_dtype=.*must be one of"),
     (dict(weight_decay=-1.0), "weight_decay=-1.0 must be in"),
+    (dict(fold_level=True), "fold_level=True must be an int"),
+    (dict(b1="0.9"), "b1='0.9' must be a real number"),
+    (dict(b2="0.99"), "b2='0.99' must be a real number"),
+    (dict(scale=float("nan")), "scale=nan must be in"),
+    (dict(scale=-0.5), "scale=-0.5 must be in"),
+    (dict(scale="a"), "scale='a' must be a real number"),
+    (dict(residual="no"), "residual='no' must be True or False"),
 ])
 def test_bad_arguments_are_refused(kw, match):
   with pytest.raises(ValueError, match=match):
     fj.fold_adam(1e-3, **kw)
+
+
+def test_traced_fold_level_and_integer_params_are_refused():
+  """inject_hyperparams without static_args traces fold_level: the error
+  says so (not 'None'); an integer leaf is refused by init, where optax's
+  adam would leave it at zero update."""
+  params = {"w": jnp.ones((4, 8)), "ids": jnp.arange(3)}
+  tx = optax.inject_hyperparams(fj.fold_adam)(learning_rate=1e-2, fold_level=2)
+  w = {"w": params["w"]}
+  with pytest.raises(ValueError, match=r"fold_level=<a traced value> .*static_args"):
+    jax.jit(tx.update)(w, tx.init(w), w)
+  with pytest.raises(ValueError, match="fold_adam: params must be real floating "
+                     "point, got a int32 leaf"):
+    fj.fold_adam(1e-2).init(params)
+  state = optax.masked(fj.fold_adam(1e-2), {"w": True, "ids": False}).init(params)
+  assert jax.tree.leaves(state)  # the float leaf alone is fine

@@ -370,15 +370,17 @@ def _decay_and_step(direction, param, hp):
 def _fold_level(fold_level) -> int:
   """A Python int in [0, 16] (NumPy integers accepted; not a traced value:
   with ``optax.inject_hyperparams`` pass ``static_args=('fold_level',)``)."""
-  if isinstance(fold_level, bool) or isinstance(fold_level, jax.core.Tracer):
-    fold_level = None
-  try:
-    level = operator.index(fold_level)
-  except TypeError:
-    level = None
+  level = None
+  if not isinstance(fold_level, (bool, jax.core.Tracer)):
+    try:
+      level = operator.index(fold_level)
+    except TypeError:
+      level = None
   if level is None or not 0 <= level <= 16:
+    got = ("<a traced value>" if isinstance(fold_level, jax.core.Tracer)
+           else repr(fold_level))
     raise ValueError(
-        f"fold_level={fold_level!r} must be an int in [0, 16] (a static value: "
+        f"fold_level={got} must be an int in [0, 16] (a static value: "
         "with optax.inject_hyperparams pass static_args=('fold_level',))")
   return int(level)
 
@@ -386,6 +388,8 @@ def _fold_level(fold_level) -> int:
 def _check(name: str, value, low: float, high: float) -> None:
   if isinstance(value, jax.core.Tracer) or callable(value):
     return
+  if isinstance(value, (str, bytes, bool)):
+    raise ValueError(f"{name}={value!r} must be a real number")
   try:
     v = float(value)
   except (TypeError, ValueError) as e:
@@ -428,7 +432,11 @@ def scale_by_fold_adam(
 
   Raises:
     ValueError: for a negative or non-integer fold_level, b1/b2 outside
-      [0, 1), negative eps/eps_root, an unknown nu_mode or state dtype.
+      [0, 1), negative or non-finite eps/eps_root/scale, a hyperparameter
+      that is not a real number (a string, a bool), an unknown nu_mode or
+      state dtype, ``residual`` not True or False; from ``init``, for a
+      param leaf that is not real floating point (optax's ``adam`` would
+      keep integer leaves at zero update silently).
 
   References:
     Wen et al., FOAM: Blocked State Folding for Memory-Efficient LLM
@@ -439,13 +447,22 @@ def scale_by_fold_adam(
   _check("b2", b2, 0.0, 1.0)
   _check("eps", eps, 0.0, float("inf"))
   _check("eps_root", eps_root, 0.0, float("inf"))
+  _check("scale", scale, 0.0, float("inf"))
   if nu_mode not in NU_MODES:
     raise ValueError(f"nu_mode={nu_mode!r} must be one of {NU_MODES}")
+  if not isinstance(residual, bool):
+    raise ValueError(f"residual={residual!r} must be True or False")
   mu_dtype = quantization.state_dtype("mu_dtype", mu_dtype)
   nu_dtype = quantization.state_dtype("nu_dtype", nu_dtype)
   block = 2**fold_level
 
   def init_fn(params):
+    for p in jax.tree.leaves(params):
+      if not jnp.issubdtype(jnp.result_type(p), jnp.floating):
+        raise ValueError("fold_adam: params must be real floating point, got "
+                         f"a {jnp.result_type(p)} leaf (leave it out with "
+                         "optax.masked or optax.multi_transform)")
+
     def moment(p, dtype, nonneg):
       shape = folded_shape(jnp.shape(p), fold_level)
       return quantization.full_state(shape, 0.0, dtype, nonneg)
