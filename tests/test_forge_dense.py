@@ -203,6 +203,9 @@ def test_bad_configuration_is_refused(rng):
   x = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
   with pytest.raises(TypeError, match="ForgeDense.optimizer"):
     fj.ForgeDense(3, optimizer=optax.adamw(1e-3)).init(jax.random.key(0), x)
+  with pytest.raises(TypeError, match="fold_adam with mask=.*unfused only"):
+    fj.ForgeDense(3, optimizer=fj.fold_adam(1e-3, mask=lambda p: p)).init(
+        jax.random.key(0), x)
   with pytest.raises(ValueError, match="implementation='cuda'"):
     fj.ForgeDense(3, optimizer=fj.adamw(1e-3), implementation="cuda").init(jax.random.key(0), x)
   with pytest.raises(ValueError, match="features"):
@@ -219,6 +222,13 @@ def test_bad_configuration_is_refused(rng):
   m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3), dtype=jnp.float16)
   with pytest.raises(ValueError, match="float16"):
     fused_loss(m, m.init(jax.random.key(0), x))
+  # State made for another fold level: refused naming the layer and shapes.
+  v = fj.ForgeDense(8, optimizer=fj.fold_adam(1e-3, fold_level=1)).init(
+      jax.random.key(0), x)
+  m = fj.ForgeDense(8, optimizer=fj.fold_adam(1e-3, fold_level=2))
+  with pytest.raises(ValueError, match=r"forge_state/mu has shape \(4, 4\), but "
+                     r"this layer's rule 'fold_adam_l2' keeps \(4, 2\)"):
+    fused_loss(m, v)
   m = fj.ForgeDense(3, optimizer=fj.adamw(1e-3))
   v = m.init(jax.random.key(0), x)
   with pytest.raises(ValueError,

@@ -505,7 +505,10 @@ class ForgeDense(nn.Module):
         self.optimizer, transforms_lib.ForgeTransformation):
       raise TypeError(
           f"ForgeDense.optimizer must be a forge_jax fused transformation such "
-          f"as forge_jax.adamw(...), got {type(self.optimizer).__name__}")
+          f"as forge_jax.adamw(...), got {type(self.optimizer).__name__} (an "
+          "optax transformation, or forge_jax.fold_adam with mask=, which "
+          "picks leaves of a params tree and so runs unfused only: give a "
+          "layer that should not decay weight_decay=0.0)")
     if self.implementation is not None:
       fused_dw.resolve_implementation(self.implementation)
     if self.optimizer is None and tuple(self.kernel_axes) != (None, None):
@@ -615,6 +618,15 @@ def fused_variables(module, layer: str, where: str, input_name: str,
           f"{quantization.state_storage_dtype(s)} but the optimizer's "
           f"{n}_dtype is {d}: the state comes from another optimizer "
           "configuration (re-run model.init)")
+    got = tuple(jnp.shape(s.codes if isinstance(s, quantization.QuantizedArray)
+                          else s))
+    want = tuple(rule.state_shape(tuple(jnp.shape(weight))))
+    if got != want:
+      raise ValueError(
+          f"{layer} at {where!r}: {FORGE_STATE}/{n} has shape {got}, but "
+          f"this layer's rule {rule.name!r} keeps {want} for its "
+          f"{tuple(jnp.shape(weight))} {input_name}: the state comes from "
+          "another optimizer, fold level or width (re-run model.init)")
   seed = None
   if jnp.dtype(param_dtype) == jnp.bfloat16 and module.stochastic_rounding:
     if not module.has_variable(FORGE_STATE, ROUNDING_SEED):

@@ -399,9 +399,13 @@ def adamw(
 
   Unfused it is ``scale_by_adamw(...)`` (kept in fp32), then
   ``optax.scale_by_learning_rate(learning_rate)``, then a cast to each
-  param's dtype: numerically ``optax.adamw`` (same hyperparameter names and
-  defaults). Given to
-  :class:`forge_jax.ForgeDense`, the same rule runs inside the backward pass.
+  param's dtype: numerically ``optax.adamw`` (the same names and defaults for
+  the hyperparameters it has). Not taken: ``mask`` (a fused layer owns one
+  kernel; give a layer that should not decay ``weight_decay=0.0``, or leave
+  params out of an unfused ``tx`` with ``optax.masked``), ``eps_root`` and
+  ``nesterov`` (use :func:`nadamw`); passing them raises a TypeError. Given
+  to :class:`forge_jax.ForgeDense`, the same rule runs inside the backward
+  pass.
 
   Args:
     learning_rate: a float or an optax schedule of the step count.
@@ -444,7 +448,8 @@ def scale_by_nadamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
 def nadamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
            eps: float = 1e-8, weight_decay: float = 1e-4, *,
            mu_dtype: Any = None, nu_dtype: Any = None) -> ForgeTransformation:
-  """NAdamW; numerically ``optax.nadamw`` (same names and defaults)."""
+  """NAdamW; numerically ``optax.nadamw`` (the same names and defaults for the
+  hyperparameters it has; no ``mask`` or ``eps_root``, as :func:`adamw`)."""
   hp = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
   return _alias(rules_lib.NADAMW, learning_rate, hp, ScaleByAdamWState,
                 state_dtypes=(mu_dtype, nu_dtype))
@@ -510,7 +515,8 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99, weight_decay: float = 1e-3,
 def lion(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.99,
          weight_decay: float = 1e-3, *, mu_dtype: Any = None,
          ) -> ForgeTransformation:
-  """Lion; numerically ``optax.lion`` (same names and defaults)."""
+  """Lion; numerically ``optax.lion`` (the same names and defaults for the
+  hyperparameters it has; no ``mask``, as :func:`adamw`)."""
   hp = dict(b1=b1, b2=b2, weight_decay=weight_decay)
   return _alias(rules_lib.LION, learning_rate, hp, ScaleByLionState,
                 state_dtypes=(mu_dtype,))
