@@ -112,10 +112,14 @@ def test_fused_training_matches_flax_dense_with_optax_adamw(rng, implementation,
   # The fused moments are AdamW's moments of the kernel.
   mu_ref = opt_state[0].mu["fc1"]["kernel"]
   assert rel_err(state.forge_state["fc1"]["mu"], mu_ref) <= 1e-5
-  # The learning-rate schedule is traced: no step after the second compiles
-  # again. (On the H200 the second call retraced once, in interpret mode:
-  # jax's tracing context had grown by one value during the first call,
-  # "now 51 and before 50" in jax_explain_cache_misses; not the schedule.)
+  # The learning-rate schedule is traced: no step compiles again. (On the
+  # H200 the second call retraced once, in interpret mode: jax's tracing
+  # context had grown by one value during the first call, "now 51 and before
+  # 50" in jax_explain_cache_misses; not the schedule. The same happened on
+  # the CPU with jax 0.11.2: the Pallas interpreter's first call imported
+  # jax.experimental.pallas.fuser, which registers a tracing-context config;
+  # pallas_kernels.fused_dw.api now imports it up front. The GPU branch stays
+  # lenient until it has run there again.)
   assert sizes == [1] * 5 if not ON_GPU else (
       sizes[-1] == sizes[1] and sizes[0] == 1 and sizes[1] <= 2)
 

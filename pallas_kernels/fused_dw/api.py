@@ -7,6 +7,13 @@ import functools
 from typing import Literal
 
 import jax
+# Imported for its side effect. On jax 0.11 the Pallas interpreter imports
+# this module during its first call, and the module registers a config value
+# that belongs to jax's tracing context; a step jitted before that call then
+# misses its cache once and is traced and compiled a second time ("number of
+# tracing context values differs: now 51 and before 50" under
+# jax_explain_cache_misses). Importing it here keeps the context fixed.
+import jax.experimental.pallas.fuser  # noqa: F401  pylint: disable=unused-import
 import jax.numpy as jnp
 import numpy as np
 
