@@ -49,6 +49,25 @@ import pytest
 ON_GPU = jax.default_backend() == "gpu"
 
 
+def lower_for_cuda(jitted, *args):
+  """``jitted.trace(*args).lower(lowering_platforms=("cuda",))`` anywhere.
+
+  A Triton ``pallas_call`` reads the GPU's compute capability while it is
+  lowered; without a GPU, jax 0.11 wants an abstract GPU device, set while
+  the function is traced ("No supported GPU devices found, please specify
+  an abstract GPU device using AbstractDevice"), so both run under a
+  one-device abstract mesh of an NVIDIA H200 (the GPU the benchmarks use).
+  On a GPU, as is.
+  """
+  if ON_GPU:
+    return jitted.trace(*args).lower(lowering_platforms=("cuda",))
+  mesh = jax.sharding.AbstractMesh(
+      (1,), ("lowering",), abstract_device=jax.sharding.AbstractDevice(
+          "NVIDIA H200", None, "gpu"))
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jitted.trace(*args).lower(lowering_platforms=("cuda",))
+
+
 def dots_per_loop(closed_jaxpr) -> list[int]:
   """dot_general equations in each outermost loop (scan or while) of a
   program, in program order; nested loops count toward theirs. (A
@@ -195,5 +214,4 @@ def triton_text_with_int8_state(rule, t, d_in, d_out, min_block_n,
   args = ([sds((t, d_in), jnp.bfloat16), sds((t, d_out), jnp.bfloat16),
            sds((d_in, d_out), jnp.bfloat16)] + [codes, scales] * 2
           + [sds((rule.num_hyperparams,), jnp.float32)])
-  return jax.jit(f, donate_argnums=(2, 3, 4, 5, 6)).trace(*args).lower(
-      lowering_platforms=("cuda",)).as_text()
+  return lower_for_cuda(jax.jit(f, donate_argnums=(2, 3, 4, 5, 6)), *args).as_text()

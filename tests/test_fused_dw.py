@@ -8,7 +8,7 @@ from jax import lax
 import numpy as np
 import pytest
 
-from conftest import ON_GPU, rel_err
+from conftest import ON_GPU, lower_for_cuda, rel_err
 from forge_jax.rules import ADAMW
 from pallas_kernels.fused_dw import FusedDWConfig
 from pallas_kernels.fused_dw import fused_dw_update
@@ -319,8 +319,7 @@ def test_kernel_lowers_to_triton_with_aliased_outputs(dtype, w_dtype, seeded):
   args = [sds((300, 257), dtype), sds((300, 130), dtype), sds((257, 130), w_dtype)]
   args += [sds((257, 130), jnp.float32)] * 2
   args += [sds((ADAMW.num_hyperparams,), jnp.float32), sds((), jnp.uint32)]
-  text = jax.jit(f, donate_argnums=(2, 3, 4)).trace(*args).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = lower_for_cuda(jax.jit(f, donate_argnums=(2, 3, 4)), *args).as_text()
   assert "__gpu$xla.gpu.triton" in text
   assert text.count("output_operand_aliases") >= 1
 
@@ -340,8 +339,8 @@ def test_repeated_triton_ops_lower_one_kernel(rng, monkeypatch):
       new.append(v)
     return new, st
 
-  text = jax.jit(layers).trace(x, dy, [w, w + 1, w + 2], st, hp).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = lower_for_cuda(
+      jax.jit(layers), x, dy, [w, w + 1, w + 2], st, hp).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 1
   assert text.count("call @forge_fused_dw_update_triton") == 3
 

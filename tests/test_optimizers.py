@@ -19,7 +19,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import fused_and_unfused
+from conftest import fused_and_unfused, lower_for_cuda
 from conftest import rel_err
 import forge_jax as fj
 from forge_jax.rules import ALL_RULES
@@ -135,7 +135,7 @@ def test_every_rule_lowers_to_triton(rule):
   sds = jax.ShapeDtypeStruct
   args = [sds((64, 64), jnp.bfloat16)] * 2 + [sds((64, 64), jnp.float32)] * (1 + n)
   args.append(sds((rule.num_hyperparams,), jnp.float32))
-  text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  text = lower_for_cuda(jax.jit(f), *args).as_text()
   assert "__gpu$xla.gpu.triton" in text
 
 

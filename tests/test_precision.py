@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import lower_for_cuda
 from jax.experimental import pallas as pl
 
 from pallas_kernels import precision
@@ -94,6 +95,6 @@ def test_rounding_in_a_pallas_kernel_matches_and_lowers_to_triton(rng):
   got = call(x, hp, True)
   want = precision.stochastic_round_array(x, 3, 17)
   np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
-  text = jax.jit(lambda x, hp: call(x, hp, False)).trace(x, hp).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = lower_for_cuda(
+      jax.jit(lambda x, hp: call(x, hp, False)), x, hp).as_text()
   assert "__gpu$xla.gpu.triton" in text
