@@ -150,12 +150,16 @@ def _init_tracing_constructors(tx, params):
       code = frame.f_code
       called.add(getattr(code, "co_qualname", code.co_name))
 
-  previous = sys.getprofile()
+  if sys.getprofile() is not None:
+    # Another profile hook is active (cProfile on Python 3.11 sets one that
+    # sys.setprofile could not put back): leave it alone; the walk over
+    # tx's closures still runs, but a factory's pieces are not seen.
+    return tx.init(params), called
   sys.setprofile(hook)
   try:
     opt_state = tx.init(params)
   finally:
-    sys.setprofile(previous)
+    sys.setprofile(None)
   return opt_state, called
 
 
