@@ -143,7 +143,8 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
   for name in ("steps", "batch_size", "seq_len", "warmup_steps", "eval_every",
                "eval_batches", "checkpoint_every"):
     if getattr(cfg, name) < (0 if name == "warmup_steps" else 1):
-      raise ValueError(f"{name}={getattr(cfg, name)} must be positive")
+      raise ValueError(f"{name}={getattr(cfg, name)} must be "
+                       + (">= 0" if name == "warmup_steps" else "positive"))
   if cfg.dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={cfg.dtype!r} must be 'float32' or 'bfloat16'")
   if cfg.param_dtype not in ("float32", "bfloat16"):
@@ -166,6 +167,15 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     raise ValueError(f"stop_at={cfg.stop_at} must be >= 1")
   if not cfg.learning_rate > 0:
     raise ValueError(f"learning_rate={cfg.learning_rate} must be > 0")
+  if not cfg.muon_learning_rate > 0:
+    raise ValueError(f"muon_learning_rate={cfg.muon_learning_rate} must be > 0")
+  if not 0 <= cfg.fold_scale < float("inf"):
+    raise ValueError(f"fold_scale={cfg.fold_scale} must be a number >= 0")
+  if cfg.implementation not in (None, "xla", "auto") and jax.default_backend() != "gpu":
+    raise ValueError(
+        f"implementation={cfg.implementation!r} compiles a GPU kernel, and "
+        f"this machine's backend is {jax.default_backend()!r}: leave it unset "
+        "or pass 'xla' (the unfused reference computation) on a CPU")
   if not cfg.init_noise >= 0:
     raise ValueError(f"init_noise={cfg.init_noise} must be >= 0")
   if cfg.warmup_steps >= cfg.steps:
@@ -346,11 +356,30 @@ def _write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
+def _metrics(header: dict, records: list[dict], tokens_per_step: int) -> dict:
+  """What ``metrics.json`` holds: the header, a summary, every record."""
+  timed = [r["step_s"] for r in records[1:]] or [r["step_s"] for r in records]
+  vals = [r for r in records if "val_loss" in r]
+  summary = {
+      "final_loss": records[-1]["loss"] if records else None,
+      "final_val_loss": vals[-1]["val_loss"] if vals else None,
+      "median_step_s": float(np.median(timed)) if timed else None,
+      "median_tokens_per_s": tokens_per_step / float(np.median(timed)) if timed else None,
+      "peak_bytes": max((r.get("peak_bytes", 0) for r in records), default=None) or None,
+  }
+  return {**header, "summary": summary, "records": list(records)}
+
+
 def main(cfg: TrainConfig) -> dict:
   """Trains, evaluates, checkpoints; returns the metrics written to disk."""
+  ckpt_dir = os.path.join(cfg.out, "checkpoints")
+  if (cfg.resume and cfg.steps is None
+      and fj.latest_checkpoint_step(ckpt_dir) is not None):
+    # The run's own length, not the preset's: its schedule spans it.
+    saved_steps = fj.checkpoint_metadata(ckpt_dir).get("config", {}).get("steps")
+    cfg = dataclasses.replace(cfg, steps=saved_steps)
   cfg = resolve(cfg)
   os.makedirs(cfg.out, exist_ok=True)
-  ckpt_dir = os.path.join(cfg.out, "checkpoints")
   tokenizer = data_lib.load_tokenizer(cfg.tokenizer, cache_dir=cfg.cache_dir)
   text = data_lib.load_corpus(cfg.corpus, text_files=list(cfg.text_files) or None,
                               cache_dir=cfg.cache_dir)
@@ -384,8 +413,18 @@ def main(cfg: TrainConfig) -> dict:
           "(the run would not continue the same training): " + ", ".join(
               f"{k}={v[0]!r} in the checkpoint, {v[1]!r} now"
               for k, v in sorted(changed.items())))
+    if cfg.steps != saved.get("steps", cfg.steps):
+      print(f"train_lm: --resume with steps={cfg.steps}, the checkpoint's run "
+            f"had steps={saved['steps']}: the learning-rate schedule now spans "
+            f"{cfg.steps} steps", file=sys.stderr)
     state, _ = fj.restore_checkpoint(ckpt_dir, state)
     start = int(state.step)
+    end = cfg.steps if cfg.stop_at is None else min(cfg.stop_at, cfg.steps)
+    if end <= start:
+      raise ValueError(
+          f"--resume: the checkpoint is at step {start}, and steps={cfg.steps}"
+          + (f", stop_at={cfg.stop_at}" if cfg.stop_at is not None else "")
+          + " leaves nothing to train (pass a larger --steps to extend the run)")
     if os.path.exists(metrics_path):
       with open(metrics_path) as f:
         records = [r for r in json.load(f)["records"] if r["step"] <= start]
@@ -438,18 +477,14 @@ def main(cfg: TrainConfig) -> dict:
     if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
       fj.save_checkpoint(ckpt_dir, state,
                          metadata={"config": dataclasses.asdict(cfg)})
+      # The records up to this checkpoint, so that a run killed later and
+      # resumed from it keeps them.
+      out = _metrics(header, records, tokens_per_step)
+      _write_json(metrics_path, out)
   bar.close()
-  timed = [r["step_s"] for r in records[1:]] or [r["step_s"] for r in records]
-  vals = [r for r in records if "val_loss" in r]
-  summary = {
-      "final_loss": records[-1]["loss"] if records else None,
-      "final_val_loss": vals[-1]["val_loss"] if vals else None,
-      "median_step_s": float(np.median(timed)) if timed else None,
-      "median_tokens_per_s": tokens_per_step / float(np.median(timed)) if timed else None,
-      "peak_bytes": max((r.get("peak_bytes", 0) for r in records), default=None) or None,
-  }
-  out = {**header, "summary": summary, "records": records}
+  out = _metrics(header, records, tokens_per_step)
   _write_json(metrics_path, out)
+  summary = out["summary"]
   _plot(records, os.path.join(cfg.out, "loss.png"),
         f"{cfg.optimizer}, {cfg.preset} ({n_params / 1e6:.1f}M params)")
   print(json.dumps({"optimizer": cfg.optimizer, **summary}), file=sys.stderr)
@@ -520,7 +555,9 @@ def parse_args(argv=None) -> TrainConfig:
 if __name__ == "__main__":
   try:
     main(parse_args())
-  except (ValueError, FileExistsError, FileNotFoundError) as e:
-    # A configuration the run refuses: an argparse-style message, no traceback.
+  except (ValueError, FileExistsError, FileNotFoundError,
+          data_lib.DownloadError) as e:
+    # A configuration the run refuses, or a corpus or tokenizer that could
+    # not be fetched: an argparse-style message, no traceback.
     print(f"train_lm: error: {e}", file=sys.stderr)
     sys.exit(2)

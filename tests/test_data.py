@@ -717,6 +717,14 @@ def test_text_too_short_to_split():
     D.tokenize_corpus("abc", D.ByteTokenizer(), 0.1, use_cache=False)
 
 
+def test_a_text_file_that_is_not_utf8_is_named(tmp_path):
+  good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+  good.write_text("some text " * 20)
+  bad.write_bytes(b"\xff\xfe not utf-8")
+  with pytest.raises(UnicodeDecodeError, match=r"in the text file '.*bad.txt'"):
+    D.load_corpus(text_files=[good, bad])
+
+
 def test_tokenize_cache(tmp_path):
   text = "cache me " * 50
   first = D.tokenize_corpus(text, D.ByteTokenizer(), 0.2, cache_dir=tmp_path)
@@ -734,13 +742,15 @@ def test_tokenize_cache(tmp_path):
   assert _files(tmp_path) == sorted([npy, npy.with_suffix(".sha256")])
 
 
-@pytest.mark.parametrize("tamper", ["value", "out_of_vocab", "digest"])
+@pytest.mark.parametrize("tamper", ["value", "out_of_vocab", "digest", "empty"])
 def test_tampered_token_cache_is_tokenized_again(tmp_path, tamper):
   text = "cache me " * 50
   first = D.tokenize_corpus(text, D.ByteTokenizer(), 0.2, cache_dir=tmp_path)
   [npy] = (tmp_path / "tokens").glob("*.npy")
   arr = np.load(npy)
-  if tamper == "digest":
+  if tamper == "empty":  # a zero-byte file (numpy raises EOFError on it)
+    npy.write_bytes(b"")
+  elif tamper == "digest":
     npy.with_suffix(".sha256").write_text("0" * 64)
   else:
     arr[3] = 99999 if tamper == "out_of_vocab" else arr[3] + 1

@@ -164,7 +164,12 @@ def test_every_optimizer_and_mode_trains(text_file, tmp_path, optimizer, kw):
     (dict(learning_rate=-1.0), "learning_rate=-1.0"),
     (dict(learning_rate_scale=0.0), "learning_rate_scale=0.0"),
     (dict(init_noise=-1.0), "init_noise=-1.0"),
-])
+    (dict(optimizer="muon", muon_learning_rate=-1.0), "muon_learning_rate=-1.0"),
+    (dict(fold_scale=float("nan")), "fold_scale=nan"),
+    (dict(warmup_steps=-1), "warmup_steps=-1 must be >= 0"),
+] + ([] if ON_GPU else [
+    (dict(implementation="triton"), "implementation='triton' compiles a GPU kernel"),
+]))
 def test_bad_config_is_refused(text_file, tmp_path, kw, match):
   with pytest.raises(ValueError, match=match):
     train_lm.main(_cfg(text_file, tmp_path / "bad", **kw))
@@ -234,3 +239,57 @@ def test_a_warmup_longer_than_the_run_is_reported():
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # a run longer than its warm-up: silent
     train_lm.resolve(train_lm.TrainConfig(preset="cpu-tiny", steps=31))
+
+
+def test_a_killed_run_keeps_its_metrics_up_to_its_last_checkpoint(
+    text_file, tmp_path, monkeypatch, default_run):
+  """metrics.json is written with every checkpoint: a run killed after the
+  one at step 4 and resumed keeps steps 1-4, and ends with the
+  uninterrupted run's records."""
+  build = train_lm.build
+
+  def dying_build(cfg, vocab_size):
+    model, mcfg, state, step_fn, eval_loss = build(cfg, vocab_size)
+    calls = []
+
+    def step(state, batch):
+      calls.append(1)
+      if len(calls) == 6:
+        raise KeyboardInterrupt("killed")
+      return step_fn(state, batch)
+    return model, mcfg, state, step, eval_loss
+
+  monkeypatch.setattr(train_lm, "build", dying_build)
+  run = tmp_path / "killed"
+  with pytest.raises(KeyboardInterrupt):
+    train_lm.main(_cfg(text_file, run, checkpoint_every=4))
+  with open(run / "metrics.json") as f:
+    saved = json.load(f)
+  assert [r["step"] for r in saved["records"]] == [1, 2, 3, 4]
+  assert saved["summary"]["final_val_loss"] == saved["records"][-1]["val_loss"]
+  monkeypatch.setattr(train_lm, "build", build)
+  resumed = train_lm.main(_cfg(text_file, run, checkpoint_every=4, resume=True))
+  full, _ = default_run
+  assert [r["step"] for r in resumed["records"]] == list(range(1, 9))
+  for a, b in zip(full["records"], resumed["records"]):
+    if ON_GPU:
+      assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"])
+    else:
+      assert a["loss"] == b["loss"]
+
+
+def test_resume_keeps_the_runs_own_length_and_refuses_nothing_to_do(
+    text_file, tmp_path, capsys):
+  run = tmp_path / "r"
+  train_lm.main(_cfg(text_file, run, steps=4, stop_at=2))
+  # No --steps: the checkpoint's 4, not the preset's 300.
+  out = train_lm.main(_cfg(text_file, run, steps=None, resume=True))
+  assert out["config"]["steps"] == 4
+  assert [r["step"] for r in out["records"]] == [1, 2, 3, 4]
+  with pytest.raises(ValueError, match="checkpoint is at step 4, and steps=3 "
+                     "leaves nothing to train"):
+    train_lm.main(_cfg(text_file, run, steps=3, resume=True))
+  capsys.readouterr()
+  out = train_lm.main(_cfg(text_file, run, steps=5, resume=True))
+  assert "the checkpoint's run had steps=4" in capsys.readouterr().err
+  assert [r["step"] for r in out["records"]] == [1, 2, 3, 4, 5]
