@@ -23,6 +23,10 @@ import numpy as np
 
 GiB = 1024**3
 
+# Config fields that decide which tokens each step sees.
+SAME_DATA = ("preset", "seed", "batch_size", "seq_len", "tokenizer", "corpus",
+             "text_files", "val_fraction")
+
 
 def load(run_dir: str) -> dict:
   with open(os.path.join(run_dir, "metrics.json")) as f:
@@ -36,9 +40,21 @@ def main(argv=None) -> list[dict]:
                  help="comma-separated step counts: also mean |Δloss| over "
                  "steps 1..n")
   a = p.parse_args(argv)
-  windows = [int(w) for w in a.windows.split(",") if w]
+  try:
+    windows = [int(w) for w in a.windows.split(",") if w]
+  except ValueError:
+    p.error(f"--windows {a.windows!r}: expected comma-separated step counts")
+  if any(w < 1 for w in windows):
+    p.error(f"--windows {a.windows!r}: step counts must be positive")
   runs = [load(r) for r in a.runs]
   base = runs[-1]
+  # A step-by-step comparison means something only on the same data stream.
+  for path, m in zip(a.runs[:-1], runs[:-1]):
+    differ = [f"{k}={m['config'].get(k)!r} (baseline {base['config'].get(k)!r})"
+              for k in SAME_DATA if m["config"].get(k) != base["config"].get(k)]
+    if differ:
+      print(f"note: {path} differs from the baseline in " + ", ".join(differ)
+            + ": its batches are not the baseline's")
   def curve(m, key):
     return {r["step"]: r[key] for r in m["records"] if key in r}
 
@@ -62,7 +78,8 @@ def main(argv=None) -> list[dict]:
         "max_abs_dloss": max(diff.values(), default=float("nan")),
         "mean_abs_dloss_first": {w: mean(diff, w) for w in windows},
         "mean_abs_dval_loss": mean(abs_diffs(curve(m, "val_loss"), base_val)),
-        "median_step_ms": 1e3 * s["median_step_s"],
+        "median_step_ms": (None if s["median_step_s"] is None
+                           else 1e3 * s["median_step_s"]),
         "tokens_per_s": s["median_tokens_per_s"],
         "peak_gib": (s["peak_bytes"] or float("nan")) / GiB,
         "final_loss": s["final_loss"], "final_val_loss": s["final_val_loss"],
@@ -78,13 +95,17 @@ def main(argv=None) -> list[dict]:
         + "mean abs dloss | max abs dloss | mean abs dval loss | "
         "median step ms | tokens/s | peak GiB | final loss | final val loss |")
   print("|---|---|---|" + "---|" * (len(windows) + 3) + "---|---|---|---|---|")
+  def fmt(v, spec):  # "-" for a value the run never reached (None)
+    return "-" if v is None else format(v, spec)
+
   for r in rows:
     first = "".join(f"{r['mean_abs_dloss_first'][w]:.2e} | " for w in windows)
     print(f"| {r['run']} | {r['optimizer']} | {r['steps']} | {first}"
           f"{r['mean_abs_dloss']:.2e} | {r['max_abs_dloss']:.2e} | "
           f"{r['mean_abs_dval_loss']:.2e} | "
-          f"{r['median_step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
-          f"{r['peak_gib']:.2f} | {r['final_loss']:.4f} | {r['final_val_loss']:.4f} |")
+          f"{fmt(r['median_step_ms'], '.1f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
+          f"{r['peak_gib']:.2f} | {fmt(r['final_loss'], '.4f')} | "
+          f"{fmt(r['final_val_loss'], '.4f')} |")
   return rows
 
 

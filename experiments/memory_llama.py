@@ -852,6 +852,29 @@ def main(argv=None):
                  help="print the table of earlier runs (their JSON, or logs "
                  "with one JSON row per line) instead of measuring")
   a = p.parse_args(argv)
+  if not a.table_from:
+    # Imports jax without starting a backend: the parent holds no GPU memory.
+    from forge_jax.models import llama  # pylint: disable=g-import-not-at-top
+    if a.model not in llama.PRESETS:
+      p.error(f"--model {a.model!r}: expected one of {sorted(llama.PRESETS)}")
+    if a.steps < 1:
+      p.error(f"--steps={a.steps} must be >= 1")
+    if a.steps < 3 and not a.one:
+      print(f"memory_llama: note: --steps={a.steps}: the step time is the "
+            "median of the steps after the first two, and there are none, so "
+            "it includes them (compile and warm-up): use it for memory only",
+            file=sys.stderr)
+    try:
+      tokens = [int(v) for v in a.tokens.split(",")]
+    except ValueError:
+      tokens = [0]
+    if any(t < 1 for t in tokens):
+      p.error(f"--tokens {a.tokens!r}: expected comma-separated positive ints")
+    for name, given, known in (("--optimizers", a.optimizers, OPTIMIZERS),
+                               ("--layouts", a.layouts, LAYOUTS)):
+      unknown = [v for v in given.split(",") if v not in known]
+      if unknown:
+        p.error(f"{name}: unknown {unknown}; expected from {list(known)}")
   if a.layers < 0:
     p.error(f"--layers={a.layers} must be >= 0 (0: all of the model's blocks)")
   if a.pipelined < 0:

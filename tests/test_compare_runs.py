@@ -8,7 +8,7 @@ import pytest
 from experiments import compare_runs
 
 
-def _run(tmp_path, name, losses, val=None, optimizer="fold-adam"):
+def _run(tmp_path, name, losses, val=None, optimizer="fold-adam", **config):
   d = tmp_path / name
   d.mkdir()
   records = [{"step": i + 1, "loss": float(l)} for i, l in enumerate(losses)]
@@ -17,7 +17,7 @@ def _run(tmp_path, name, losses, val=None, optimizer="fold-adam"):
   summary = dict(median_step_s=0.01, median_tokens_per_s=1000.0, peak_bytes=None,
                  final_loss=float(losses[-1]), final_val_loss=float("nan"))
   (d / "metrics.json").write_text(json.dumps(dict(
-      config={"optimizer": optimizer}, records=records, summary=summary,
+      config={"optimizer": optimizer, **config}, records=records, summary=summary,
       num_params=1000, device="cpu", jax="x")))
   return str(d)
 
@@ -44,3 +44,23 @@ def test_a_window_longer_than_the_runs_says_what_it_covers(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "mean abs dloss 1-5 (of window 50) |" in out
   assert "mean abs dloss 1-10 " not in out and "1-5 (of window 10)" in out
+
+
+def test_a_run_stopped_before_its_first_evaluation_and_other_data(tmp_path, capsys):
+  """No val loss yet (None in its summary) prints "-"; a run on another
+  seed is named as not comparable step by step; bad --windows is refused."""
+  base = np.linspace(5, 4, 6)
+  stopped = _run(tmp_path, "a", base[:3] + 0.01, seed=1)
+  summary = json.loads((tmp_path / "a" / "metrics.json").read_text())
+  summary["summary"].update(final_val_loss=None, median_step_s=None,
+                            median_tokens_per_s=None)
+  (tmp_path / "a" / "metrics.json").write_text(json.dumps(summary))
+  rows = compare_runs.main([stopped, _run(tmp_path, "b", base, seed=0)])
+  out = capsys.readouterr().out
+  assert rows[0]["steps"] == 3
+  assert "note: " + stopped + " differs from the baseline in seed=1 (baseline 0)" in out
+  line = [l for l in out.splitlines() if l.startswith("| " + stopped)][0]
+  assert line.endswith("| - | - | nan | 4.6100 | - |")
+  for bad in ("a", "0"):
+    with pytest.raises(SystemExit):
+      compare_runs.main([stopped, "--windows", bad])

@@ -523,6 +523,15 @@ def test_bad_config_raises(overrides, field):
     get_config("cpu-tiny", **overrides)
 
 
+def test_numpy_integer_sizes_are_taken_as_ints():
+  cfg = dataclasses.replace(TINY, vocab_size=np.int64(300), n_layers=np.int32(3))
+  assert cfg.vocab_size == 300 and type(cfg.vocab_size) is int
+  assert type(cfg.n_layers) is int and cfg == dataclasses.replace(
+      TINY, vocab_size=300, n_layers=3)
+  with pytest.raises(ValueError, match="vocab_size"):
+    dataclasses.replace(TINY, vocab_size=np.int64(0))
+
+
 def test_config_is_frozen():
   with pytest.raises(dataclasses.FrozenInstanceError):
     TINY.d_model = 64  # type: ignore[misc]

@@ -224,8 +224,11 @@ def test_a_cut_model_trains_alike_scanned_and_unrolled(capsys, full_rows):
   # Off the GPU 'auto' resolves to the XLA reference: the row says so.
   assert rows[0]["resolved_implementation"] == "xla"
   assert "update unfused in the backward" in memory_llama._layout_label(rows[0])
-  with pytest.raises(SystemExit):  # refused before any variant starts
-    memory_llama.main(["--model", "cpu-tiny", "--layers", "-1"])
+  for argv in (["--layers", "-1"], ["--model", "nosuch"], ["--steps", "0"],
+               ["--tokens", "abc"], ["--tokens", "16,0"],
+               ["--optimizers", "optax,nope"], ["--layouts", "rolled"]):
+    with pytest.raises(SystemExit):  # refused before any variant starts
+      memory_llama.main(["--model", "cpu-tiny", *argv, "--out", "/nonexistent/x"])
   with pytest.raises(SystemExit):
     memory_llama.main(["--model", "cpu-tiny", "--pipelined", "-1"])
   with pytest.raises(SystemExit):
