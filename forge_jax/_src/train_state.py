@@ -84,12 +84,12 @@ def _callables_in(root):
   the functions of every nested transformation, at any depth (each object is
   visited once).
   """
-  seen, stack = set(), [root]
+  seen, stack = {}, [root]  # id -> object: kept alive, so no id is reused
   while stack:
     obj = stack.pop()
     if id(obj) in seen:
       continue
-    seen.add(id(obj))
+    seen[id(obj)] = obj
     if isinstance(obj, dict):
       stack.extend(obj.values())
       continue
