@@ -24,7 +24,7 @@ import numpy as np
 GiB = 1024**3
 
 # Config fields that decide which tokens each step sees.
-SAME_DATA = ("preset", "seed", "batch_size", "seq_len", "tokenizer", "corpus",
+SAME_DATA = ("seed", "batch_size", "seq_len", "tokenizer", "corpus",
              "text_files", "val_fraction")
 
 

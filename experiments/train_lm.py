@@ -413,10 +413,6 @@ def main(cfg: TrainConfig) -> dict:
           "(the run would not continue the same training): " + ", ".join(
               f"{k}={v[0]!r} in the checkpoint, {v[1]!r} now"
               for k, v in sorted(changed.items())))
-    if cfg.steps != saved.get("steps", cfg.steps):
-      print(f"train_lm: --resume with steps={cfg.steps}, the checkpoint's run "
-            f"had steps={saved['steps']}: the learning-rate schedule now spans "
-            f"{cfg.steps} steps", file=sys.stderr)
     state, _ = fj.restore_checkpoint(ckpt_dir, state)
     start = int(state.step)
     end = cfg.steps if cfg.stop_at is None else min(cfg.stop_at, cfg.steps)
@@ -425,6 +421,10 @@ def main(cfg: TrainConfig) -> dict:
           f"--resume: the checkpoint is at step {start}, and steps={cfg.steps}"
           + (f", stop_at={cfg.stop_at}" if cfg.stop_at is not None else "")
           + " leaves nothing to train (pass a larger --steps to extend the run)")
+    if cfg.steps != saved.get("steps", cfg.steps):
+      print(f"train_lm: --resume with steps={cfg.steps}, the checkpoint's run "
+            f"had steps={saved['steps']}: the learning-rate schedule now spans "
+            f"{cfg.steps} steps", file=sys.stderr)
     if os.path.exists(metrics_path):
       with open(metrics_path) as f:
         records = [r for r in json.load(f)["records"] if r["step"] <= start]
@@ -475,12 +475,12 @@ def main(cfg: TrainConfig) -> dict:
     bar.set_postfix(loss=f"{loss:.3f}",
                     val_loss="-" if last_val is None else f"{last_val:.3f}")
     if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+      # The records up to this checkpoint first, so that a run killed at
+      # any later point and resumed from it keeps them (a resume drops the
+      # records after its checkpoint).
+      _write_json(metrics_path, _metrics(header, records, tokens_per_step))
       fj.save_checkpoint(ckpt_dir, state,
                          metadata={"config": dataclasses.asdict(cfg)})
-      # The records up to this checkpoint, so that a run killed later and
-      # resumed from it keeps them.
-      out = _metrics(header, records, tokens_per_step)
-      _write_json(metrics_path, out)
   bar.close()
   out = _metrics(header, records, tokens_per_step)
   _write_json(metrics_path, out)

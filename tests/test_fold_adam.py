@@ -369,3 +369,11 @@ def test_traced_fold_level_and_integer_params_are_refused():
     fj.fold_adam(1e-2).init(params)
   state = optax.masked(fj.fold_adam(1e-2), {"w": True, "ids": False}).init(params)
   assert jax.tree.leaves(state)  # the float leaf alone is fine
+  # numpy's bool is a bool here, as Python's.
+  g = {"w": jnp.full((4, 8), 0.5)}
+  for residual in (True, False):
+    a = fj.fold_adam(1e-2, residual=np.bool_(residual))
+    b = fj.fold_adam(1e-2, residual=residual)
+    ua, _ = a.update(g, a.init(w), w)
+    ub, _ = b.update(g, b.init(w), w)
+    np.testing.assert_array_equal(ua["w"], ub["w"])

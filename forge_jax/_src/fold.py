@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from forge_jax._src import rules as rules_lib
@@ -450,8 +451,9 @@ def scale_by_fold_adam(
   _check("scale", scale, 0.0, float("inf"))
   if nu_mode not in NU_MODES:
     raise ValueError(f"nu_mode={nu_mode!r} must be one of {NU_MODES}")
-  if not isinstance(residual, bool):
+  if not isinstance(residual, (bool, np.bool_)):
     raise ValueError(f"residual={residual!r} must be True or False")
+  residual = bool(residual)
   mu_dtype = quantization.state_dtype("mu_dtype", mu_dtype)
   nu_dtype = quantization.state_dtype("nu_dtype", nu_dtype)
   block = 2**fold_level

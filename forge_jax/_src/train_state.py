@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -75,6 +76,11 @@ def merge_params(other, fused):
   return traverse_util.unflatten_dict(flat)
 
 
+_WALK_LIMIT = 100_000
+"""Objects :func:`_callables_in` visits at most (an optax transformation of
+a large model has a few thousand)."""
+
+
 def _callables_in(root):
   """Callables reachable from ``root`` through closures and containers.
 
@@ -82,10 +88,13 @@ def _callables_in(root):
   ``multi_transform``'s dict, a ``named_chain``'s tuples, a
   ``functools.partial``'s arguments) live in closure cells, so this walk finds
   the functions of every nested transformation, at any depth (each object is
-  visited once).
+  visited once, at most :data:`_WALK_LIMIT` objects). Attributes are read
+  with ``inspect.getattr_static``, so an object whose ``__getattr__`` makes
+  new attributes on demand (a ``unittest.mock.MagicMock``) is not expanded
+  without end.
   """
   seen, stack = {}, [root]  # id -> object: kept alive, so no id is reused
-  while stack:
+  while stack and len(seen) < _WALK_LIMIT:
     obj = stack.pop()
     if id(obj) in seen:
       continue
@@ -99,15 +108,27 @@ def _callables_in(root):
     if not callable(obj):
       continue
     yield obj
-    for attr in ("fn", "func", "update", "init", "args", "keywords"):
-      inner = getattr(obj, attr, None)  # wrappers, transformations, partials
-      if callable(inner) or isinstance(inner, (dict, tuple, list)):
-        stack.append(inner)
-    for cell in getattr(obj, "__closure__", None) or ():
+    if isinstance(obj, functools.partial):
+      stack.extend((obj.func, obj.args, obj.keywords))
+      continue
+    if isinstance(obj, types.MethodType):
+      stack.append(obj.__func__)
+      continue
+    for attr in ("fn", "func", "update", "init", "__wrapped__"):  # wrappers
       try:
-        stack.append(cell.cell_contents)
-      except ValueError:  # an empty cell
+        inner = inspect.getattr_static(obj, attr)
+      except AttributeError:
         continue
+      if isinstance(inner, (staticmethod, classmethod)):
+        inner = inner.__func__
+      if callable(inner):
+        stack.append(inner)
+    if isinstance(obj, types.FunctionType):
+      for cell in obj.__closure__ or ():
+        try:
+          stack.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+          continue
 
 
 # optax transformations whose meaning needs the fused layers' gradients, or
@@ -134,37 +155,45 @@ def _refused_name(qualname: str) -> str | None:
   return None
 
 
-def _init_tracing_constructors(tx, params):
-  """``tx.init(params)``, and the qualified names of the functions it called.
+def _init_watching_optax(tx, params):
+  """``tx.init(params)``; and what optax built or called while it ran.
 
   ``optax.inject_hyperparams(factory)`` builds its inner transformation
   inside ``init`` (and again in every ``update``), so what the factory
-  returns is not reachable from ``tx`` before that call; a profile hook on
-  this thread sees the constructors it runs.
+  returns is not reachable from ``tx`` before that call. A profile hook on
+  this thread records every transformation a call returns and the optax
+  functions called. It stands aside when another profile hook is active
+  (cProfile on Python 3.11 sets one that ``sys.setprofile`` could not put
+  back); then only ``tx``'s own closures are walked.
+
+  Returns:
+    ``(opt_state, transformations built, qualified names of optax functions
+    called)``.
   """
-  called = set()
+  built, called = [], set()
 
   def hook(frame, event, arg):
-    del arg
     if event == "call":
-      code = frame.f_code
-      called.add(getattr(code, "co_qualname", code.co_name))
+      if frame.f_globals.get("__name__", "").startswith("optax"):
+        code = frame.f_code
+        called.add(getattr(code, "co_qualname", code.co_name))
+    elif event == "return" and isinstance(arg, optax.GradientTransformation):
+      built.append(arg)
 
   if sys.getprofile() is not None:
-    # Another profile hook is active (cProfile on Python 3.11 sets one that
-    # sys.setprofile could not put back): leave it alone; the walk over
-    # tx's closures still runs, but a factory's pieces are not seen.
-    return tx.init(params), called
+    return tx.init(params), built, called
   sys.setprofile(hook)
   try:
     opt_state = tx.init(params)
   finally:
     sys.setprofile(None)
-  return opt_state, called
+  return opt_state, built, called
 
 
-def _refuse_unsupported_tx(tx, opt_state, called=()) -> None:
-  """Refuses optax pieces whose meaning needs the fused layers' gradients."""
+def _refuse_unsupported_tx(tx, opt_state, built=(), called=()) -> None:
+  """Refuses optax pieces whose meaning needs the fused layers' gradients:
+  in ``tx``, in the transformations ``built`` while ``tx.init`` ran, or
+  ``called`` then (their constructors)."""
   for leaf in jax.tree.leaves(
       opt_state, is_leaf=lambda x: isinstance(x, optax.MultiStepsState)):
     if isinstance(leaf, optax.MultiStepsState):
@@ -172,7 +201,7 @@ def _refuse_unsupported_tx(tx, opt_state, called=()) -> None:
           "tx: gradient accumulation (optax.MultiSteps) cannot be combined "
           "with fused ForgeDense layers: their update runs inside every "
           "backward pass, so there is no gradient to accumulate")
-  names = [getattr(f, "__qualname__", "") for f in _callables_in(tx)]
+  names = [getattr(f, "__qualname__", "") for f in _callables_in((tx, built))]
   for qualname in (*names, *sorted(called)):
     name = _refused_name(qualname)
     if name is not None:
@@ -235,10 +264,14 @@ class TrainState(struct.PyTreeNode):
         layers' learning rate alone. The check walks the transformation's
         closures at any depth, so it finds these inside chains,
         ``named_chain``, ``multi_transform``, ``masked`` and ``partition``,
-        and watches ``tx.init`` for the constructors it calls, so it finds
-        them inside an ``optax.inject_hyperparams`` factory too. Also if
-        ``tx.init`` raises on the params without the fused kernels (a mask
-        or label tree built from all params: use a callable).
+        and watches ``tx.init`` (a profile hook) for the transformations
+        built and the optax constructors called while it runs, so it finds
+        them inside an ``optax.inject_hyperparams`` factory too (unless
+        another profile hook is active, such as cProfile on Python 3.11, or
+        ``tx.init`` runs no Python, such as a cached ``jax.jit`` of it).
+      Whatever ``tx.init`` raises on the params without the fused kernels
+      (e.g. a mask or label tree built from all params, fused kernels
+      included: pass a callable) is raised with a note saying so.
     """
     if params is not None or variables is None:
       raise ValueError(
@@ -262,17 +295,18 @@ class TrainState(struct.PyTreeNode):
     other, _ = split_params(params, paths)
     if paths:
       try:
-        opt_state, called = _init_tracing_constructors(tx, other)
+        opt_state, built, called = _init_watching_optax(tx, other)
       except (ValueError, TypeError) as e:
-        raise ValueError(
-            f"tx.init raised on the params without the fused layers' "
-            f"{len(paths)} kernels (layers such as {'/'.join(paths[0])!r}): "
-            "tx sees only the params "
-            "that are not fused kernels, so a mask or label tree built from "
-            "all of variables['params'] does not match it; pass a callable "
-            "instead (optax's mask=fn, multi_transform(transforms, fn)). "
-            f"The error: {type(e).__name__}: {e}") from e
-      _refuse_unsupported_tx(tx, opt_state, called)
+        e.add_note(
+            "forge_jax: tx.init ran on the params without the kernels of the "
+            f"{len(paths)} fused layer(s) (such as "
+            f"{'/'.join(paths[0]) or '<root module>'!r}): tx sees only the "
+            "params that are not fused kernels. A mask or label tree built "
+            "from all of variables['params'] does not match them; pass a "
+            "callable instead (optax's mask=fn, multi_transform(transforms, "
+            "fn)).")
+        raise
+      _refuse_unsupported_tx(tx, opt_state, built, called)
     else:
       opt_state = tx.init(other)
     if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
