@@ -289,6 +289,9 @@ class TrainState(struct.PyTreeNode):
           "carry (the fused step has no mutable collections such as "
           "batch_stats); they would be silently dropped. Use a model without "
           "them (e.g. LayerNorm instead of BatchNorm)")
+    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+        or not 0 <= seed < 2**32):
+      raise ValueError(f"seed={seed!r} must be an int in [0, 2**32)")
     params = variables["params"]
     forge_state = variables.get(FORGE_STATE, {})
     paths = fused_kernel_paths(forge_state)
@@ -309,9 +312,6 @@ class TrainState(struct.PyTreeNode):
       _refuse_unsupported_tx(tx, opt_state, built, called)
     else:
       opt_state = tx.init(other)
-    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
-        or not 0 <= seed < 2**32):
-      raise ValueError(f"seed={seed!r} must be an int in [0, 2**32)")
     return cls(step=jnp.zeros([], jnp.int32), params=params,
                forge_state=forge_state, opt_state=opt_state,
                seed=jnp.asarray(seed, jnp.uint32), apply_fn=apply_fn, tx=tx)
