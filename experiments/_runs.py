@@ -51,7 +51,9 @@ def run_variants(variants: dict[str, list[str]], *, out: str, common: list[str],
       cmd = [sys.executable, "-m", "experiments.train_lm", "--out", run_dir,
              *flags, *common]
       print("$", " ".join(cmd), file=sys.stderr, flush=True)
-      subprocess.run(cmd, check=True)
+      # The run's summary line goes where its progress goes (file
+      # descriptor 2): this script's stdout is its table.
+      subprocess.run(cmd, check=True, stdout=2)
     with open(os.path.join(run_dir, "metrics.json")) as f:
       results[name] = json.load(f)
   return results

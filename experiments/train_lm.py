@@ -11,7 +11,8 @@ unfused as the baseline.
     python -m experiments.train_lm --resume             # continue from --out
 
 Writes ``metrics.json`` (per-step loss, val_loss, tokens_per_s, peak_bytes,
-config), ``loss.png`` and orbax checkpoints under ``--out``.
+config), ``loss.png`` and orbax checkpoints under ``--out``; prints the
+progress on stderr and the summary (one JSON line) on stdout.
 """
 
 from __future__ import annotations
@@ -487,7 +488,8 @@ def main(cfg: TrainConfig) -> dict:
   summary = out["summary"]
   _plot(records, os.path.join(cfg.out, "loss.png"),
         f"{cfg.optimizer}, {cfg.preset} ({n_params / 1e6:.1f}M params)")
-  print(json.dumps({"optimizer": cfg.optimizer, **summary}), file=sys.stderr)
+  # The result on stdout (one JSON line), the progress on stderr.
+  print(json.dumps({"optimizer": cfg.optimizer, **summary}))
   return out
 
 

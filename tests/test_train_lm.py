@@ -291,5 +291,8 @@ def test_resume_keeps_the_runs_own_length_and_refuses_nothing_to_do(
     train_lm.main(_cfg(text_file, run, steps=3, resume=True))
   capsys.readouterr()
   out = train_lm.main(_cfg(text_file, run, steps=5, resume=True))
-  assert "the checkpoint's run had steps=4" in capsys.readouterr().err
+  printed = capsys.readouterr()
+  assert "the checkpoint's run had steps=4" in printed.err
+  # The summary is the one line on stdout.
+  assert json.loads(printed.out) == {"optimizer": "forge-adamw", **out["summary"]}
   assert [r["step"] for r in out["records"]] == [1, 2, 3, 4, 5]
