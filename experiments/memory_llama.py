@@ -910,12 +910,9 @@ def main(argv=None):
     return None
   rows = []
   stamp = int(time.time())  # names this run's files
+  # tokens, optimizers and layouts were checked above, before any variant.
   for t, opt, layout, options in itertools.product(
-      [int(v) for v in a.tokens.split(",")], a.optimizers.split(","),
-      a.layouts.split(","), option_sets):
-    if opt not in OPTIMIZERS or layout not in LAYOUTS:
-      raise SystemExit(f"unknown variant {opt}/{layout}; optimizers "
-                       f"{OPTIMIZERS}, layouts {LAYOUTS}")
+      tokens, a.optimizers.split(","), a.layouts.split(","), option_sets):
     cmd = [sys.executable, "-m", "experiments.memory_llama", "--model",
            a.model, "--steps", str(a.steps), "--tp", str(a.tp),
            "--attention", a.attention, "--logits-dtype", a.logits_dtype,
