@@ -374,11 +374,12 @@ def _metrics(header: dict, records: list[dict], tokens_per_step: int) -> dict:
 def main(cfg: TrainConfig) -> dict:
   """Trains, evaluates, checkpoints; returns the metrics written to disk."""
   ckpt_dir = os.path.join(cfg.out, "checkpoints")
-  if (cfg.resume and cfg.steps is None
-      and fj.latest_checkpoint_step(ckpt_dir) is not None):
-    # The run's own length, not the preset's: its schedule spans it.
-    saved_steps = fj.checkpoint_metadata(ckpt_dir).get("config", {}).get("steps")
-    cfg = dataclasses.replace(cfg, steps=saved_steps)
+  saved = None  # the checkpoint's configuration, read once
+  if cfg.resume and fj.latest_checkpoint_step(ckpt_dir) is not None:
+    saved = fj.checkpoint_metadata(ckpt_dir).get("config", {})
+    if cfg.steps is None:
+      # The run's own length, not the preset's: its schedule spans it.
+      cfg = dataclasses.replace(cfg, steps=saved.get("steps"))
   cfg = resolve(cfg)
   os.makedirs(cfg.out, exist_ok=True)
   tokenizer = data_lib.load_tokenizer(cfg.tokenizer, cache_dir=cfg.cache_dir)
@@ -402,8 +403,10 @@ def main(cfg: TrainConfig) -> dict:
         "continue it, or choose another --out")
   if cfg.resume:
     # The saved configuration first: a changed option is named, instead of
-    # surfacing as a state-structure mismatch in the restore.
-    saved = fj.checkpoint_metadata(ckpt_dir).get("config", {})
+    # surfacing as a state-structure mismatch in the restore. (No
+    # checkpoint: checkpoint_metadata raises FileNotFoundError.)
+    if saved is None:
+      saved = fj.checkpoint_metadata(ckpt_dir).get("config", {})
     now = dataclasses.asdict(cfg)
     changed = {k: (saved[k], now[k]) for k in saved
                if k not in RESUMABLE_CHANGES and k in now
@@ -483,8 +486,8 @@ def main(cfg: TrainConfig) -> dict:
       fj.save_checkpoint(ckpt_dir, state,
                          metadata={"config": dataclasses.asdict(cfg)})
   bar.close()
+  # Already on disk: the loop's last step (step + 1 == end) wrote it.
   out = _metrics(header, records, tokens_per_step)
-  _write_json(metrics_path, out)
   summary = out["summary"]
   _plot(records, os.path.join(cfg.out, "loss.png"),
         f"{cfg.optimizer}, {cfg.preset} ({n_params / 1e6:.1f}M params)")
