@@ -459,11 +459,9 @@ def scale_by_fold_adam(
   block = 2**fold_level
 
   def init_fn(params):
-    for p in jax.tree.leaves(params):
-      if not jnp.issubdtype(jnp.result_type(p), jnp.floating):
-        raise ValueError("fold_adam: params must be real floating point, got "
-                         f"a {jnp.result_type(p)} leaf (leave it out with "
-                         "optax.masked or optax.multi_transform)")
+    transforms.require_floating(
+        params, "fold_adam",
+        " (leave it out with optax.masked or optax.multi_transform)")
 
     def moment(p, dtype, nonneg):
       shape = folded_shape(jnp.shape(p), fold_level)

@@ -147,6 +147,15 @@ def _validate(rule: rules_lib.ElementwiseRule, hyperparams: Mapping[str, Any]):
                         for n, v in hyperparams.items()})
 
 
+def require_floating(params, who: str, hint: str = "") -> None:
+  """Raises ValueError, naming ``who``, if a leaf of ``params`` is not real
+  floating point (an optimizer's moments and steps are fp)."""
+  for p in jax.tree.leaves(params):
+    if not jnp.issubdtype(jnp.result_type(p), jnp.floating):
+      raise ValueError(f"{who}: params must be real floating point, got a "
+                       f"{jnp.result_type(p)} leaf{hint}")
+
+
 def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
                    state_cls, state_init: tuple[float, ...] | None = None,
                    out_dtype: Any = None,
@@ -185,10 +194,7 @@ def _scale_by_rule(rule: rules_lib.ElementwiseRule, hp: Mapping[str, Any],
     hpv = rule.hyperparams_f32(hp)
     count_f = count.astype(jnp.float32)
 
-    for p in jax.tree.leaves(params):
-      if not jnp.issubdtype(jnp.result_type(p), jnp.floating):
-        raise ValueError(f"{rule.name}: params must be real floating point, "
-                         f"got a {jnp.result_type(p)} leaf")
+    require_floating(params, rule.name)
 
     def rule_on(g, p, arrays):
       direction, new = rule.direction(
