@@ -115,8 +115,9 @@ def save_checkpoint(
   """
   if metadata is not None and not isinstance(metadata, Mapping):
     raise ValueError(f"metadata must be a mapping, got {type(metadata).__name__}")
+  metadata = dict(metadata or {})
   try:
-    json.dumps(dict(metadata or {}))
+    json.dumps(metadata)
   except (TypeError, ValueError) as e:
     raise ValueError(
         f"metadata must be JSON-serializable (it is saved as JSON): {e}; "
@@ -135,7 +136,7 @@ def save_checkpoint(
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(_arrays(state)),
         layout=ocp.args.JsonSave(_layout(_arrays(state))),
-        metadata=ocp.args.JsonSave(dict(metadata or {}))))
+        metadata=ocp.args.JsonSave(metadata)))
     mngr.wait_until_finished()
   return step
 

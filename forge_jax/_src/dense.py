@@ -620,12 +620,12 @@ def fused_variables(module, layer: str, where: str, input_name: str,
           "configuration (re-run model.init)")
     got = tuple(jnp.shape(s.codes if isinstance(s, quantization.QuantizedArray)
                           else s))
-    want = tuple(rule.state_shape(tuple(jnp.shape(weight))))
+    want = tuple(rule.state_shape(jnp.shape(weight)))
     if got != want:
       raise ValueError(
           f"{layer} at {where!r}: {FORGE_STATE}/{n} has shape {got}, but "
           f"this layer's rule {rule.name!r} keeps {want} for its "
-          f"{tuple(jnp.shape(weight))} {input_name}: the state comes from "
+          f"{jnp.shape(weight)} {input_name}: the state comes from "
           "another optimizer, fold level or width (re-run model.init)")
   seed = None
   if jnp.dtype(param_dtype) == jnp.bfloat16 and module.stochastic_rounding:
