@@ -302,6 +302,37 @@ def _count_step_lowerings() -> int:
   return len(_STEP_LOWERINGS) - 1
 
 
+def use_mosaic_tile(name: str) -> None:
+  """Makes the fused kernel's default Mosaic configuration the tile called
+  ``name`` in ``experiments.probe_mosaic.CONFIGS`` for every op it covers
+  with 2-byte W and states (the bf16 variants' projections; int8 or folded
+  states keep their own default), in this process; the other ops keep
+  ``mosaic_default_config``'s choice. For comparing a tile measured per op
+  in a whole training step.
+
+  Raises:
+    ValueError: ``name`` is not a tile of ``probe_mosaic.CONFIGS``.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
+  from pallas_kernels.fused_dw import api, kernel_mosaic  # pylint: disable=g-import-not-at-top
+  if name not in probe_mosaic.CONFIGS:
+    raise ValueError(f"mosaic tile {name!r}: expected one of "
+                     f"{sorted(probe_mosaic.CONFIGS)}")
+  tile = probe_mosaic.CONFIGS[name]
+  default = api.mosaic_default_config
+
+  def chosen(x, dy, w, state, rule, seed, interpret=False):
+    state = tuple(state)
+    if (all(jnp.dtype(a.dtype).itemsize == 2 for a in (w, *state))
+        and not kernel_mosaic.is_folded(rule)
+        and not kernel_mosaic.unsupported_reason(x, dy, w, state, rule, seed,
+                                                 tile, interpret)):
+      return tile
+    return default(x, dy, w, state, rule, seed, interpret)
+  api.mosaic_default_config = chosen
+
+
 def run_one(model_name: str, tokens: int, optimizer: str, layout: str,
             steps: int = 6, tp: int = 1, attention: str = "einsum",
             logits_dtype: str = "float32", implementation: str = "auto",
@@ -724,6 +755,8 @@ def _layout_label(row: dict) -> str:
     label += ", ForgeEmbed"
   if row.get("compiler_options"):  # since stop 32
     label += f", XLA {row['compiler_options']}"
+  if row.get("mosaic_tile"):  # since stop 47
+    label += f", Mosaic tile {row['mosaic_tile']}"
   if row.get("compile_first"):  # since stop 44: 'compile peak' is its own
     label += ", compiled before the state"
   return label
@@ -844,6 +877,11 @@ def main(argv=None):
                  "buffers) is not held beside the state: 'compile peak' is "
                  "then the compile's own, and the live peak the largest of "
                  "the compile's, the init's and the steps'")
+  p.add_argument("--mosaic-tile", metavar="NAME",
+                 help="a tile of experiments/probe_mosaic's CONFIGS (e.g. "
+                 "OV_m64n128s2e32noT) for every fused op with bf16 W and "
+                 "states that it covers, instead of the default "
+                 "(use_mosaic_tile); the row records it")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")
   p.add_argument("--out", default="experiments/results",
                  help="directory for the JSON and peak reports")
@@ -899,14 +937,22 @@ def main(argv=None):
     print_movements(rows)
     print_profiles(rows)
     return rows
+  if a.mosaic_tile:
+    from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
+    if a.mosaic_tile not in probe_mosaic.CONFIGS:
+      p.error(f"--mosaic-tile {a.mosaic_tile!r}: expected one of "
+              f"{sorted(probe_mosaic.CONFIGS)}")
   if a.one:
     t, opt, layout = a.one.split(":")
-    print("RESULT " + json.dumps(run_one(a.model, int(t), opt, layout, a.steps,
-                                         a.tp, a.attention, a.logits_dtype,
-                                         a.implementation, a.embedding,
-                                         a.profile, a.layers, a.movement,
-                                         a.pipelined, option_sets[0],
-                                         a.compile_first)))
+    if a.mosaic_tile and opt != "optax":
+      use_mosaic_tile(a.mosaic_tile)
+    row = run_one(a.model, int(t), opt, layout, a.steps, a.tp, a.attention,
+                  a.logits_dtype, a.implementation, a.embedding, a.profile,
+                  a.layers, a.movement, a.pipelined, option_sets[0],
+                  a.compile_first)
+    if a.mosaic_tile and opt != "optax":
+      row["mosaic_tile"] = a.mosaic_tile
+    print("RESULT " + json.dumps(row))
     return None
   rows = []
   stamp = int(time.time())  # names this run's files
@@ -921,6 +967,7 @@ def main(argv=None):
            "--compiler-options", options,
            *(["--movement"] if a.movement else []),
            *(["--compile-first"] if a.compile_first else []),
+           *(["--mosaic-tile", a.mosaic_tile] if a.mosaic_tile else []),
            "--one", f"{t}:{opt}:{layout}"] + (["--profile"] if a.profile else [])
     variant = dict(model=a.model, tokens=t, optimizer=opt, layout=layout,
                    **({"n_layers": a.layers} if a.layers else {}),
@@ -928,7 +975,9 @@ def main(argv=None):
                    logits_dtype=a.logits_dtype,
                    implementation=None if opt == "optax" else a.implementation,
                    **({"compiler_options": options} if options else {}),
-                   compile_first=a.compile_first)
+                   compile_first=a.compile_first,
+                   **({"mosaic_tile": a.mosaic_tile}
+                      if a.mosaic_tile and opt != "optax" else {}))
     env = child_env()
     dump = None
     if a.peak_report:

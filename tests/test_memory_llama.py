@@ -3,6 +3,7 @@
 import types
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from conftest import ON_GPU
@@ -381,3 +382,40 @@ def test_a_fused_scan_row_saves_residuals_and_scan_remat_recomputes():
   assert "rematerialized" not in memory_llama._layout_label(saved)
   optax_row = dict(old, optimizer="optax")
   assert "rematerialized" not in memory_llama._layout_label(optax_row)
+
+
+def test_a_mosaic_tile_replaces_the_default_for_bf16_ops_it_covers(monkeypatch):
+  from experiments import probe_mosaic
+  from forge_jax import rules
+  from pallas_kernels.fused_dw import api
+  default = api.mosaic_default_config
+  monkeypatch.setattr(api, "mosaic_default_config", default)  # restored after
+  def op(t, d_in, d_out, dtype):
+    s = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+    return s(t, d_in), s(t, d_out), s(d_in, d_out), (s(d_in, d_out),
+                                                     s(d_in, d_out))
+  bf16 = op(512, 256, 384, jnp.bfloat16)
+  fp32 = op(512, 256, 384, jnp.float32)
+  before = [default(*a, rules.ADAMW, None) for a in (bf16, fp32)]
+  memory_llama.use_mosaic_tile("OV_m64n128s2e32noT")
+  tile = probe_mosaic.CONFIGS["OV_m64n128s2e32noT"]
+  assert before[0] != tile
+  assert api.mosaic_default_config(*bf16, rules.ADAMW, None) == tile
+  # fp32 W and states keep the default
+  assert api.mosaic_default_config(*fp32, rules.ADAMW, None) == before[1]
+  with pytest.raises(ValueError, match="mosaic tile 'nope'"):
+    memory_llama.use_mosaic_tile("nope")
+
+
+def test_the_mosaic_tile_option_is_checked_and_recorded(tmp_path):
+  with pytest.raises(SystemExit):  # refused before any variant starts
+    memory_llama.main(["--model", "cpu-tiny", "--mosaic-tile", "nope",
+                       "--out", str(tmp_path)])
+  rows = memory_llama.main([
+      "--model", "cpu-tiny", "--tokens", "16", "--optimizers", "optax,forge-bf16",
+      "--layouts", "unrolled", "--steps", "1", "--layers", "1",
+      "--pipelined", "0", "--out", str(tmp_path),
+      "--mosaic-tile", "OV_m64n128s2e32noT"])
+  assert [r.get("mosaic_tile") for r in rows] == [None, "OV_m64n128s2e32noT"]
+  assert all("error" not in r for r in rows)
+  memory_llama.print_table(rows)
