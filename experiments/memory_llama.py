@@ -879,7 +879,7 @@ def main(argv=None):
                  "the compile's, the init's and the steps'")
   p.add_argument("--mosaic-tile", metavar="NAME",
                  help="a tile of experiments/probe_mosaic's CONFIGS (e.g. "
-                 "OV_m64n128s2e32noT) for every fused op with bf16 W and "
+                 "m128n128t64s3x3) for every fused op with bf16 W and "
                  "states that it covers, instead of the default "
                  "(use_mosaic_tile); the row records it")
   p.add_argument("--timeout", type=int, default=900, help="seconds per variant")

@@ -86,22 +86,6 @@ CONFIGS = {
     "PP_n128s4e32x4a3": C(128, 128, 64, 4, epi_n=32, epi_slots=4, epi_ahead=3,
                           compute_wgs=2, ping_pong=True),
     "PP_m64n128s5": C(64, 128, 64, 5, compute_wgs=2, ping_pong=True),
-    # stop 41, overlap: persistent one-warpgroup CTAs, each applying the rule
-    # to its previous tile between its next tile's token steps (two per
-    # multiprocessor where two fit in shared memory)
-    "OV_m64n128s2e32noT": C(64, 128, 64, 2, epi_n=32, overlap=True,
-                            transpose_x=False),
-    "OV_m64n128s2e16noT": C(64, 128, 64, 2, epi_n=16, overlap=True,
-                            transpose_x=False),
-    "OV_m64n128s2e32": C(64, 128, 64, 2, epi_n=32, overlap=True),
-    "OV_m64n64s3e32noT": C(64, 64, 64, 3, epi_n=32, overlap=True,
-                           transpose_x=False),
-    "OV_m64n128s3e32noT": C(64, 128, 64, 3, epi_n=32, overlap=True,
-                            transpose_x=False),
-    "OV_m128n128s3e32noT": C(128, 128, 64, 3, epi_n=32, overlap=True,
-                             transpose_x=False),
-    "OV_m128n128s4e32noT": C(128, 128, 64, 4, epi_n=32, overlap=True,
-                             transpose_x=False),
     # stop 26: the epilogue's loads in flight (bf16 W and states: a 64×64
     # sub-tile is 8 KiB per array, half the fp32 one). E = early_epilogue.
     "m128n128t64s3E": C(128, 128, 64, 3, early_epilogue=True),
@@ -168,7 +152,7 @@ def main(argv=None):
                  help="comma-separated names: m<block_m>n<block_n>t<block_t>"
                  "s<stages>, x3 = 3 epilogue slots, e<N> = epilogue sub-tile "
                  "width, noT = transpose_x=False, WS_* = warp-specialized "
-                 "(compute_wgs=2), PP_* = ping-pong, OV_* = overlap; those and noT are "
+                 "(compute_wgs=2), PP_* = ping-pong; those and noT are "
                  "GPU-only")
   p.add_argument("--reps", type=int, default=20, help="timed ops per variant "
                  "(per round with --chain)")

@@ -397,8 +397,8 @@ def test_a_mosaic_tile_replaces_the_default_for_bf16_ops_it_covers(monkeypatch):
   bf16 = op(512, 256, 384, jnp.bfloat16)
   fp32 = op(512, 256, 384, jnp.float32)
   before = [default(*a, rules.ADAMW, None) for a in (bf16, fp32)]
-  memory_llama.use_mosaic_tile("OV_m64n128s2e32noT")
-  tile = probe_mosaic.CONFIGS["OV_m64n128s2e32noT"]
+  memory_llama.use_mosaic_tile("m128n128t64s3x3")
+  tile = probe_mosaic.CONFIGS["m128n128t64s3x3"]
   assert before[0] != tile
   assert api.mosaic_default_config(*bf16, rules.ADAMW, None) == tile
   # fp32 W and states keep the default
@@ -415,7 +415,7 @@ def test_the_mosaic_tile_option_is_checked_and_recorded(tmp_path):
       "--model", "cpu-tiny", "--tokens", "16", "--optimizers", "optax,forge-bf16",
       "--layouts", "unrolled", "--steps", "1", "--layers", "1",
       "--pipelined", "0", "--out", str(tmp_path),
-      "--mosaic-tile", "OV_m64n128s2e32noT"])
-  assert [r.get("mosaic_tile") for r in rows] == [None, "OV_m64n128s2e32noT"]
+      "--mosaic-tile", "m128n128t64s3x3"])
+  assert [r.get("mosaic_tile") for r in rows] == [None, "m128n128t64s3x3"]
   assert all("error" not in r for r in rows)
   memory_llama.print_table(rows)

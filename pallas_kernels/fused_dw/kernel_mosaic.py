@@ -10,15 +10,16 @@ each state sub-tile arrive by TMA into a double (or triple) buffer, are
 updated in registers by ``rule.update`` and leave by TMA into the same
 place. The gradient tile never leaves registers.
 
-Four layouts (:class:`MosaicConfig`): one warpgroup per CTA and tile
+Three layouts (:class:`MosaicConfig`): one warpgroup per CTA and tile
 (``_kernel``); two compute warpgroups splitting a (block_m, 2·block_n) tile
 beside a memory warpgroup that issues the token loop's loads
 (``_kernel_ws``, "cooperative"); ping-pong (``_kernel_pp``): the two
 compute warpgroups take alternate tiles through one ring of token stages, so
-that one's token loop (tensor cores) overlaps the other's epilogue (HBM);
-and overlap (``_kernel_ov``, not yet measured on the GPU): persistent
-one-warpgroup CTAs, each applying the rule to its previous tile, whose fp32
-gradient it keeps in shared memory, between its next tile's token steps.
+that one's token loop (tensor cores) overlaps the other's epilogue (HBM).
+A fourth, one-warpgroup CTAs each applying the rule to its previous tile
+between its next tile's token steps (``MosaicConfig.overlap``), was correct
+and slower at every measured shape on the H200 and the H100 in three
+versions, and was removed (``docs/results.md``, "Stop 41" and "Stop 47").
 
 With ``in_place=True`` (compiled), W and the states are passed as Refs
 (``run_state``), which ``pl.kernel`` aliases in and out: the update is in
@@ -184,19 +185,8 @@ class MosaicConfig:
       CUTLASS's ping-pong schedule (``_kernel_pp``). False: they split a
       (block_m, 2·block_n) tile and run the token loop and the epilogue at
       the same time ("cooperative").
-    overlap: with compute_wgs=1: persistent CTAs of one warpgroup, each
-      walking tiles c, c + G, ... and applying the rule to its previous
-      tile (whose fp32 gradient it keeps in shared memory) one epilogue
-      sub-tile at a time between groups of its next tile's token steps,
-      while their wgmmas run (``_kernel_ov``). The tensor cores and the
-      epilogue's HBM traffic then overlap inside every CTA, whatever the
-      phase of the other CTAs on its multiprocessor (stop 38 saw them run
-      in step). Stop 41; not yet measured on the GPU. (A two-warpgroup
-      version was correct and slower on the H200, stop 41: commits
-      d7d6ff8 and c8603fc.)
-    num_ctas: CTAs of the persistent grid (compute_wgs=2, or overlap);
-      default the device's multiprocessor count (times two for overlap:
-      ``overlap_ctas_per_sm``).
+    num_ctas: CTAs of the persistent grid (compute_wgs=2); default the
+      device's multiprocessor count.
   """
 
   block_m: int = 128
@@ -212,7 +202,6 @@ class MosaicConfig:
   epi_ahead: int = 2
   compute_wgs: int = 1
   ping_pong: bool = False
-  overlap: bool = False
   num_ctas: int | None = None
 
   def __post_init__(self):
@@ -225,7 +214,7 @@ class MosaicConfig:
     if self.num_ctas is not None and (not isinstance(self.num_ctas, int)
                                       or isinstance(self.num_ctas, bool)):
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas!r} must be an int or None")
-    for name in ("early_epilogue", "transpose_x", "ping_pong", "overlap"):
+    for name in ("early_epilogue", "transpose_x", "ping_pong"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"MosaicConfig.{name}={getattr(self, name)!r} must be a bool")
     if self.block_m not in (64, 128):
@@ -245,15 +234,6 @@ class MosaicConfig:
       # would wait for itself.
       raise ValueError("MosaicConfig.ping_pong=True needs max_concurrent_steps "
                        f">= 2; got {self.max_concurrent_steps}")
-    if self.overlap and (self.compute_wgs != 1 or self.early_epilogue
-                         or self.max_concurrent_steps < 2):
-      # A CTA releases stage g - lag once stage g's wgmma is issued: one
-      # stage would wait for itself.
-      raise ValueError(
-          "MosaicConfig.overlap=True needs compute_wgs=1, early_epilogue=False "
-          f"and max_concurrent_steps >= 2; got compute_wgs={self.compute_wgs}, "
-          f"early_epilogue={self.early_epilogue}, max_concurrent_steps="
-          f"{self.max_concurrent_steps}")
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
     if self.epi_slots not in (2, 3, 4):
@@ -410,8 +390,6 @@ def smem_bytes(config: MosaicConfig, array_dtypes, operand_dtype=jnp.bfloat16,
       + num_scale_arrays * 4)
   epilogue = config.compute_wgs * config.epi_slots * per_slot
   slack = SMEM_SLACK if num_scale_arrays or fold_block > 1 else SMEM_SLACK_TILES
-  if config.overlap:  # the previous tile's fp32 gradient, beside both
-    return stages + epilogue + config.block_m * config.block_n * 4 + slack
   if config.early_epilogue or config.compute_wgs == 2:
     return stages + epilogue + slack
   return max(stages, epilogue) + slack
@@ -523,18 +501,6 @@ def _smem_need(x, w, state, rule, config: MosaicConfig) -> int:
                          for s in state)
   return smem_bytes(config, tiles, x.dtype, num_scale_arrays=num_scale_arrays,
                     fold_block=fold)
-
-
-SMEM_PER_SM = 228 * 1024
-"""Shared memory of a Hopper multiprocessor, of which each resident CTA
-also takes 1 KiB (H100/H200)."""
-
-
-def overlap_ctas_per_sm(need_bytes: int) -> int:
-  """CTAs of the overlapped layout per multiprocessor: two where two fit
-  in its shared memory (one warpgroup each, so registers allow two), else
-  one."""
-  return 2 if 2 * (need_bytes + 1024) <= SMEM_PER_SM else 1
 
 
 # --- the rule, split into scalar (XLA) and per-element (kernel) equations ---
@@ -859,12 +825,8 @@ def _read_scalars(scalars, where: str):
 
 def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
               out_refs, slot_ref, barrier, load_sub, origin,
-              layout: _Layout, only=None):
+              layout: _Layout):
   """Applies the rule to ``acc`` sub-tile by sub-tile (see the module doc).
-
-  ``only``: the indices into ``subs`` to run now (default all, in order);
-  the overlapped layout runs one at a time between its token steps. ``acc``
-  may also be a shared-memory ref holding the gradient.
 
   The first ``config.epi_ahead`` sub-tiles must already be loading; ``slot_ref(buf,
   slot)`` is this warpgroup's buffer of a slot, ``barrier(a, s)`` the
@@ -885,8 +847,6 @@ def _epilogue(acc, *, subs, config: MosaicConfig, split, scalar_ref, bufs,
   pending_ok = config.epi_slots - ahead  # store groups that may stay in flight
   scalars = _read_scalars(scalar_ref, "tile")
   for s, (i, j) in enumerate(subs):
-    if only is not None and s not in only:
-      continue
     slot = s % config.epi_slots
     for a in range(n_arr):
       plgpu.barrier_wait(barrier(a, s))
@@ -1087,140 +1047,6 @@ def _token_ring(x_ref, dy_ref, config: MosaicConfig) -> dict:
                         transforms=_smem_transforms(x_block[1], x_ref.dtype)),
       dy_smem=plgpu.SMEM((depth, bt, bn), dy_ref.dtype,
                          transforms=_smem_transforms(bn, dy_ref.dtype)))
-
-
-def _kernel_ov(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
-               layout: _Layout, in_place: bool):
-  """overlap=True: persistent CTAs of one warpgroup, each overlapping its
-  next tile's token loop with its previous tile's epilogue.
-
-  CTA c walks tiles c, c + G, ... of the grouped order (G CTAs) as one
-  stream of token steps through a ring of ``max_concurrent_steps`` x/dY
-  stages, which it refills itself: once step g - lag's wgmma is done
-  (``lag`` = stages - 2, at least 1, wgmmas stay in flight) its stage
-  loads step g - lag + stages. After tile j's last step the accumulator
-  goes to ``grad`` (fp32, shared memory) and the first ``epi_ahead`` W/state
-  sub-tiles of tile j start loading; during tile j + 1's token loop one
-  epilogue sub-tile of tile j runs after each group of token steps, while
-  the group's last wgmmas run on the tensor cores. The last tile's epilogue
-  runs alone."""
-  n_arr, in_refs, out_refs, t, d_in, d_out, subs = _operands(
-      x_ref, dy_ref, refs, config, layout, in_place)
-  bm, bn, bt = config.block_m, config.block_n, config.block_t
-  em, en = config.epi_m, config.epi_n
-  num_m, num_n, num_tiles, steps, depth = _tile_grid(config, t, d_in, d_out)
-  lag = max(1, depth - 2)
-  slots = config.epi_slots
-
-  def scope(x_smem, dy_smem, loaded, bufs, barriers, grad):
-    cta = lax.axis_index("cta")
-    ctas = lax.axis_size("cta")
-    local = (num_tiles - cta + ctas - 1) // ctas  # this CTA's tiles (>= 1)
-    total = local * steps
-    # Once per CTA unless SCALARS_AT is 'sub': a tile's sub-tiles are spread
-    # over the next tile's token loop.
-    scalars = _read_scalars(scalar_ref, "tile")
-
-    def tile(j):  # (row, column) of this CTA's j-th tile
-      return tiling.grouped_tile(cta + j * ctas, num_m, num_n, config.group_m)
-
-    def issue(g):
-      """Starts the loads of this CTA's token step g into its stage."""
-      @pl.when(g < total)
-      def _():
-        j, k = lax.div(g, steps), lax.rem(g, steps)
-        m_i, n_i = tile(j)
-        slot = lax.rem(g, depth)
-        src = (x_ref.at[pl.ds(m_i * bm, bm), pl.ds(k * bt, bt)]
-               if config.transpose_x else
-               x_ref.at[pl.ds(k * bt, bt), pl.ds(m_i * bm, bm)])
-        plgpu.copy_gmem_to_smem(src, x_smem.at[slot], loaded.at[slot])
-        plgpu.copy_gmem_to_smem(
-            dy_ref.at[pl.ds(k * bt, bt), pl.ds(n_i * bn, bn)],
-            dy_smem.at[slot], loaded.at[slot])
-
-    def barrier(a, s):
-      return barriers.at[slots * a + s % slots]
-
-    def origin_of(j):
-      m_i, n_i = tile(j)
-      return lambda s: (m_i * bm + subs[s][0] * em, n_i * bn + subs[s][1] * en)
-
-    def loader(origin):
-      def load_sub(s):
-        for a, (ref, buf) in enumerate(zip(in_refs, bufs)):
-          src = _sub_window(ref, origin(s), config, layout, a)
-          plgpu.copy_gmem_to_smem(src, buf.at[s % slots], barrier(a, s))
-      return load_sub
-
-    def epilogue(origin, only=None):
-      _epilogue(grad, subs=subs, config=config, split=split,
-                scalar_ref=scalars, bufs=bufs, out_refs=out_refs,
-                slot_ref=lambda buf, slot: buf.at[slot], barrier=barrier,
-                load_sub=loader(origin), origin=origin, layout=layout,
-                only=only)
-
-    def token_loop(j, with_prev: bool):
-      """Tile j's token loop, tile j - 1's epilogue between its steps when
-      ``with_prev``; leaves tile j's gradient in ``grad``."""
-      prev = origin_of(j - 1) if with_prev else None
-
-      def acc_scope(acc_ref):
-        def step(k, carry):
-          g = j * steps + k
-          slot = lax.rem(g, depth)
-          plgpu.barrier_wait(loaded.at[slot])
-          a = (x_smem.at[slot] if config.transpose_x
-               else x_smem.at[slot].transpose((1, 0)))
-          plgpu.wgmma(acc_ref, a, dy_smem.at[slot])
-          plgpu.wgmma_wait(lag)  # step k - lag's wgmma is done: refill its stage
-
-          @pl.when(k >= lag)
-          def _():
-            issue(g - lag + depth)
-          return carry
-        groups = len(subs) if with_prev else 1
-        k0 = 0
-        for c in range(groups):
-          k1 = (c + 1) * steps // groups
-          if k1 > k0:
-            lax.fori_loop(k0, k1, step, None)
-          if with_prev:  # sub-tile c, while the group's last wgmmas run
-            epilogue(prev, only=(c,))
-          k0 = k1
-        plgpu.wgmma_wait(0)
-        for k in range(max(0, steps - lag), steps):
-          issue(j * steps + k + depth)
-        # The previous epilogue's reads of `grad` are behind its last
-        # sub-tile's commit (a warpgroup barrier).
-        grad[...] = acc_ref[...]
-        plgpu.commit_smem()
-      pl.run_scoped(acc_scope, plgpu.ACC((bm, bn), jnp.float32))
-      # Tile j's first sub-tiles load once tile j - 1's stores have left
-      # their slots; they are used during tile j + 1's token loop.
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-      first = loader(origin_of(j))
-      for s in range(min(config.epi_ahead, len(subs))):
-        first(s)
-
-    for g in range(depth):
-      issue(g)
-    token_loop(0, False)
-
-    @pl.loop(1, local)
-    def _(j):
-      token_loop(j, True)
-    epilogue(origin_of(local - 1))  # the last tile's, alone
-    plgpu.wait_smem_to_gmem(0)
-
-  pl.run_scoped(
-      scope,
-      **_token_ring(x_ref, dy_ref, config),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=depth),
-      bufs=_epilogue_buffers(in_refs, layout, config),
-      barriers=plgpu.Barrier(num_barriers=slots * n_arr),
-      grad=plgpu.SMEM((bm, bn), jnp.float32,
-                      transforms=_smem_transforms(en, jnp.float32)))
 
 
 def _kernel_ws(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
@@ -1566,13 +1392,7 @@ def fused_dw_update_mosaic(x, dy, w, state, hparams, *, rule,
   params = plgpu.CompilerParams(
       lowering_semantics=plgpu.LoweringSemantics.Warpgroup, **_PROFILE)
   operands = (x.T if config.transpose_x else x, dy, scalars)
-  if config.overlap:
-    ctas = config.num_ctas or (2 if interpret else overlap_ctas_per_sm(
-        _smem_need(x, w, state, rule, config)) * num_sms())
-    body = functools.partial(_kernel_ov, config=config, split=split,
-                             layout=layout)
-    mesh = dict(grid=(max(1, min(ctas, num_tiles)),), grid_names=("cta",))
-  elif config.compute_wgs == 1:
+  if config.compute_wgs == 1:
     body = functools.partial(_kernel, config=config, split=split,
                              layout=layout, grid_axis="tile")
     mesh = dict(grid=(num_tiles,), grid_names=("tile",))
