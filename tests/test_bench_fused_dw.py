@@ -89,7 +89,13 @@ def test_bench_times_the_mosaic_kernel_where_in_scope(tmp_path, capsys):
       "--out", str(tmp_path)])
   by_mode = {r["mode"]: r for r in rows}
   for mode in ("fp32", "bf16-sr", "int8"):  # stochastic rounding, int8 states
-    assert by_mode[mode]["mosaic_rel_err"] < 1e-5  # checked in the run
+    # Checked in the run. int8 states: one code may land one step away where
+    # the kernel and the reference round a value at a code boundary
+    # differently (XLA's CPU code at -O0, tests/conftest.py, contracts fewer
+    # multiply-adds: one nu code of 8,192 differs there, relative error
+    # 2.1e-4 in the chain of 3); the bench's own chain tolerance then.
+    bound = bench_fused_dw.CHAIN_MAX_REL_ERR if mode == "int8" else 1e-5
+    assert by_mode[mode]["mosaic_rel_err"] < bound
     assert by_mode[mode]["mosaic_s"] > 0
   table = capsys.readouterr().out
   assert "| Mosaic ms | kernel |" in table and "| mosaic |" in table
