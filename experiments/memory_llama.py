@@ -315,6 +315,7 @@ def use_mosaic_tile(name: str) -> None:
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
+  from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
   from pallas_kernels.fused_dw import api, kernel_mosaic  # pylint: disable=g-import-not-at-top
   if name not in probe_mosaic.CONFIGS:
     raise ValueError(f"mosaic tile {name!r}: expected one of "
@@ -324,8 +325,9 @@ def use_mosaic_tile(name: str) -> None:
 
   def chosen(x, dy, w, state, rule, seed, interpret=False):
     state = tuple(state)
-    if (all(jnp.dtype(a.dtype).itemsize == 2 for a in (w, *state))
+    if (not quantization.any_quantized(state)  # int8: no .dtype to read
         and not kernel_mosaic.is_folded(rule)
+        and all(jnp.dtype(a.dtype).itemsize == 2 for a in (w, *state))
         and not kernel_mosaic.unsupported_reason(x, dy, w, state, rule, seed,
                                                  tile, interpret)):
       return tile

@@ -93,8 +93,9 @@ def test_bench_times_the_mosaic_kernel_where_in_scope(tmp_path, capsys):
     # the kernel and the reference round a value at a code boundary
     # differently (XLA's CPU code at -O0, tests/conftest.py, contracts fewer
     # multiply-adds: one nu code of 8,192 differs there, relative error
-    # 2.1e-4 in the chain of 3); the bench's own chain tolerance then.
-    bound = bench_fused_dw.CHAIN_MAX_REL_ERR if mode == "int8" else 1e-5
+    # 2.1e-4 in the chain of 3). 5e-4 passes that one code and fails 8 or
+    # more flipped codes (5.9e-4), a wrong scale or a wrong rounding.
+    bound = 5e-4 if mode == "int8" else 1e-5
     assert by_mode[mode]["mosaic_rel_err"] < bound
     assert by_mode[mode]["mosaic_s"] > 0
   table = capsys.readouterr().out

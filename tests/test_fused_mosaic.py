@@ -244,6 +244,7 @@ def test_out_of_scope_ops_are_refused(rng, change, match):
     (dict(max_concurrent_steps=0), "max_concurrent_steps=0 must be >= 1"),
     (dict(group_m=0), "group_m=0 must be >= 1"),
     (dict(compute_wgs=3), "compute_wgs"), (dict(num_ctas=0), "num_ctas"),
+    (dict(num_ctas=4), "num_ctas=4 needs compute_wgs=2"),
     (dict(ping_pong=True), "ping_pong=True needs compute_wgs=2"),
     (dict(ping_pong=1, compute_wgs=2), "ping_pong=1 must be a bool"),
     (dict(ping_pong=True, compute_wgs=2, max_concurrent_steps=1),

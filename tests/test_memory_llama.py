@@ -403,6 +403,14 @@ def test_a_mosaic_tile_replaces_the_default_for_bf16_ops_it_covers(monkeypatch):
   assert api.mosaic_default_config(*bf16, rules.ADAMW, None) == tile
   # fp32 W and states keep the default
   assert api.mosaic_default_config(*fp32, rules.ADAMW, None) == before[1]
+  # int8 states (no .dtype of their own) keep theirs
+  from pallas_kernels import quantization
+  keys = jax.random.split(jax.random.key(3), 2)
+  int8 = (*bf16[:3], tuple(
+      quantization.quantize(jax.random.normal(k, (256, 384)) ** 2 * 1e-3, True)
+      for k in keys))
+  assert (api.mosaic_default_config(*int8, rules.ADAMW, None)
+          == default(*int8, rules.ADAMW, None))
   with pytest.raises(ValueError, match="mosaic tile 'nope'"):
     memory_llama.use_mosaic_tile("nope")
 

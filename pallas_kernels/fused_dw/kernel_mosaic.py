@@ -236,6 +236,11 @@ class MosaicConfig:
                        f">= 2; got {self.max_concurrent_steps}")
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} must be >= 1")
+    if self.num_ctas is not None and self.compute_wgs == 1:
+      # One warpgroup: one CTA per tile, no persistent grid to size.
+      raise ValueError(f"MosaicConfig.num_ctas={self.num_ctas} needs "
+                       "compute_wgs=2 (a persistent grid); compute_wgs=1 "
+                       "runs one CTA per tile")
     if self.epi_slots not in (2, 3, 4):
       raise ValueError(f"MosaicConfig.epi_slots={self.epi_slots} must be 2, 3 or 4")
     if not 1 <= self.epi_ahead <= self.epi_slots:
@@ -1029,14 +1034,14 @@ def _kernel(x_ref, dy_ref, scalar_ref, *refs, config: MosaicConfig, split,
 
 def _tile_grid(config: MosaicConfig, t: int, d_in: int, d_out: int):
   """(tile rows, tile columns, tiles, token steps per tile, stages) of the
-  persistent layouts that walk (block_m, block_n) tiles."""
+  ping-pong layout, whose CTAs walk (block_m, block_n) tiles."""
   num_m, num_n = d_in // config.block_m, d_out // config.block_n
   return (num_m, num_n, num_m * num_n, t // config.block_t,
           config.max_concurrent_steps)
 
 
 def _token_ring(x_ref, dy_ref, config: MosaicConfig) -> dict:
-  """The persistent layouts' ring of token stages (``max_concurrent_steps``
+  """The ping-pong layout's ring of token stages (``max_concurrent_steps``
   of them): ``x_smem`` (an x tile per stage, (block_m, block_t) when XLA
   transposed x, else (block_t, block_m)) and ``dy_smem`` ((block_t,
   block_n) per stage)."""
