@@ -611,6 +611,7 @@ def fused_variables(module, layer: str, where: str, input_name: str,
   weight = module.get_variable(FORGE_STATE, input_name)
   _refuse_parallel_axes(f"{layer} at {where!r}", inputs, weight)
   state = tuple(module.get_variable(FORGE_STATE, n) for n in rule.state_names)
+  want = tuple(rule.state_shape(jnp.shape(weight)))
   for n, s, d in zip(rule.state_names, state, optimizer.state_dtypes):
     if quantization.state_storage_dtype(s) != d:
       raise ValueError(
@@ -618,9 +619,7 @@ def fused_variables(module, layer: str, where: str, input_name: str,
           f"{quantization.state_storage_dtype(s)} but the optimizer's "
           f"{n}_dtype is {d}: the state comes from another optimizer "
           "configuration (re-run model.init)")
-    got = tuple(jnp.shape(s.codes if isinstance(s, quantization.QuantizedArray)
-                          else s))
-    want = tuple(rule.state_shape(jnp.shape(weight)))
+    got = tuple(s.shape)  # an int8 state's: its codes'
     if got != want:
       raise ValueError(
           f"{layer} at {where!r}: {FORGE_STATE}/{n} has shape {got}, but "

@@ -168,13 +168,13 @@ class LlamaConfig:
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, "
                        f"got {self.attention!r}")
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads",
-                 "n_kv_heads", "ffn_dim", "max_seq_len", "attn_head_dim"):
+    sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+             "ffn_dim", "max_seq_len")
+    for name in (*sizes, "attn_head_dim"):
       value = getattr(self, name)
       if isinstance(value, np.integer):  # e.g. a size read from a numpy array
         object.__setattr__(self, name, int(value))
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads",
-                 "n_kv_heads", "ffn_dim", "max_seq_len"):
+    for name in sizes:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
