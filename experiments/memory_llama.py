@@ -302,6 +302,19 @@ def _count_step_lowerings() -> int:
   return len(_STEP_LOWERINGS) - 1
 
 
+def mosaic_tile(name: str):
+  """The ``MosaicConfig`` called ``name`` in ``experiments.probe_mosaic.CONFIGS``.
+
+  Raises:
+    ValueError: ``name`` is not one of them.
+  """
+  from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
+  if name not in probe_mosaic.CONFIGS:
+    raise ValueError(f"mosaic tile {name!r}: expected one of "
+                     f"{sorted(probe_mosaic.CONFIGS)}")
+  return probe_mosaic.CONFIGS[name]
+
+
 def use_mosaic_tile(name: str) -> None:
   """Makes the fused kernel's default Mosaic configuration the tile called
   ``name`` in ``experiments.probe_mosaic.CONFIGS`` for every op it covers
@@ -314,13 +327,9 @@ def use_mosaic_tile(name: str) -> None:
     ValueError: ``name`` is not a tile of ``probe_mosaic.CONFIGS``.
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
   from pallas_kernels import quantization  # pylint: disable=g-import-not-at-top
   from pallas_kernels.fused_dw import api, kernel_mosaic  # pylint: disable=g-import-not-at-top
-  if name not in probe_mosaic.CONFIGS:
-    raise ValueError(f"mosaic tile {name!r}: expected one of "
-                     f"{sorted(probe_mosaic.CONFIGS)}")
-  tile = probe_mosaic.CONFIGS[name]
+  tile = mosaic_tile(name)
   default = api.mosaic_default_config
 
   def chosen(x, dy, w, state, rule, seed, interpret=False):
@@ -940,20 +949,21 @@ def main(argv=None):
     print_profiles(rows)
     return rows
   if a.mosaic_tile:
-    from experiments import probe_mosaic  # pylint: disable=g-import-not-at-top
-    if a.mosaic_tile not in probe_mosaic.CONFIGS:
-      p.error(f"--mosaic-tile {a.mosaic_tile!r}: expected one of "
-              f"{sorted(probe_mosaic.CONFIGS)}")
+    try:
+      mosaic_tile(a.mosaic_tile)
+    except ValueError as e:
+      p.error(f"--mosaic-tile: {e}")
   if a.one:
     t, opt, layout = a.one.split(":")
-    if a.mosaic_tile and opt != "optax":
-      use_mosaic_tile(a.mosaic_tile)
+    tile = a.mosaic_tile if opt != "optax" else None  # optax has no kernel
+    if tile:
+      use_mosaic_tile(tile)
     row = run_one(a.model, int(t), opt, layout, a.steps, a.tp, a.attention,
                   a.logits_dtype, a.implementation, a.embedding, a.profile,
                   a.layers, a.movement, a.pipelined, option_sets[0],
                   a.compile_first)
-    if a.mosaic_tile and opt != "optax":
-      row["mosaic_tile"] = a.mosaic_tile
+    if tile:
+      row["mosaic_tile"] = tile
     print("RESULT " + json.dumps(row))
     return None
   rows = []
